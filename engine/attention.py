@@ -1,0 +1,233 @@
+"""Paged attention, registered with transformers' ``AttentionInterface``.
+
+The model runs on one packed row of tokens from many sequences (``input_ids`` of shape ``(1, T)``). Each
+layer's attention call receives the step's :class:`StepMetadata` as the ``kvasir`` keyword: it writes the
+new keys and values into the paged cache through the slot mapping, then attends over each sequence's
+blocks. Everything that is the same for every layer (gather indices, masks) is built once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from .kv_cache import KVCache
+
+ATTENTION_NAME = "kvasir_paged"
+
+
+@dataclass(slots=True)
+class GroupMetadata:
+    """A batch of sequences attended together: queries padded to ``[B, Q]``, keys to ``[B, L]``."""
+
+    query_index: torch.Tensor  # [B, Q] positions in the packed row (padding repeats a valid one)
+    query_valid: torch.Tensor | None  # [B, Q] bool, None when every query is real
+    kv_slots: torch.Tensor  # [B, L] cache slots of each sequence's keys, padded with 0
+    mask: torch.Tensor  # [B, 1, Q, L] bool, True where the query may attend
+    _gqa_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def mask_for_groups(self, groups: int) -> torch.Tensor:
+        """The mask for queries packed as ``[B, kv_heads, groups * Q, D]`` (built once per step)."""
+        if groups == 1:
+            return self.mask
+        if groups not in self._gqa_masks:
+            b, _, q, l = self.mask.shape
+            self._gqa_masks[groups] = self.mask.unsqueeze(2).expand(b, 1, groups, q, l).reshape(b, 1, groups * q, l)
+        return self._gqa_masks[groups]
+
+
+@dataclass(slots=True)
+class FlashMetadata:
+    """Arguments of flash-attn's varlen kernel with a block table."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    block_table: torch.Tensor
+
+
+@dataclass(slots=True)
+class StepMetadata:
+    """What every layer needs to run paged attention for one step."""
+
+    kv_cache: KVCache
+    slot_mapping: torch.Tensor  # [T] cache slot of each new token
+    num_tokens: int
+    decode: GroupMetadata | None = None  # sequences with one new token
+    prefill: GroupMetadata | None = None  # sequences with several new tokens
+    flash: FlashMetadata | None = None
+
+
+@dataclass(slots=True)
+class SequenceSlice:
+    """One sequence's share of a step: new tokens at ``[start, end)`` of its positions, at ``offset`` in T."""
+
+    offset: int
+    start: int
+    end: int
+    block_table: list[int]
+
+
+def build_metadata(
+    kv_cache: KVCache, slices: list[SequenceSlice], device: torch.device, backend: str
+) -> StepMetadata:
+    """Build the step's metadata on the CPU with a few tensor ops, then move it to ``device`` once."""
+    block_size = kv_cache.block_size
+    tables = _padded_block_tables(slices)
+    positions = torch.cat([torch.arange(s.start, s.end) for s in slices])
+    owner = torch.repeat_interleave(torch.arange(len(slices)), torch.tensor([s.end - s.start for s in slices]))
+    slot_mapping = tables[owner, positions // block_size] * block_size + positions % block_size
+    meta = StepMetadata(kv_cache, slot_mapping.to(device, non_blocking=True), int(positions.numel()))
+    if backend == "flash_attn":
+        meta.flash = _flash_metadata(slices, tables, device)
+        return meta
+    decode = [i for i, s in enumerate(slices) if s.end - s.start == 1]
+    prefill = [i for i, s in enumerate(slices) if s.end - s.start > 1]
+    if decode:
+        meta.decode = _group_metadata([slices[i] for i in decode], tables[decode], block_size, device)
+    if prefill:
+        meta.prefill = _group_metadata([slices[i] for i in prefill], tables[prefill], block_size, device)
+    return meta
+
+
+def _padded_block_tables(slices: list[SequenceSlice]) -> torch.Tensor:
+    width = max(len(s.block_table) for s in slices)
+    return torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in slices], dtype=torch.long)
+
+
+def _group_metadata(
+    slices: list[SequenceSlice], tables: torch.Tensor, block_size: int, device: torch.device
+) -> GroupMetadata:
+    starts = torch.tensor([s.start for s in slices])
+    lengths = torch.tensor([s.end - s.start for s in slices])
+    offsets = torch.tensor([s.offset for s in slices])
+    q_width, kv_width = int(lengths.max()), max(s.end for s in slices)
+    q_range = torch.arange(q_width)
+    query_valid = q_range[None, :] < lengths[:, None]  # [B, Q]
+    q_step = torch.where(query_valid, q_range[None, :], 0)  # padding repeats the first query
+    query_index = offsets[:, None] + q_step
+    query_pos = starts[:, None] + q_step  # absolute position of each query
+    kv_pos = torch.arange(kv_width)
+    kv_slots = tables[:, kv_pos // block_size] * block_size + kv_pos % block_size
+    kv_slots = torch.where(kv_pos[None, :] < (starts + lengths)[:, None], kv_slots, 0)
+    mask = kv_pos[None, None, :] <= query_pos[:, :, None]  # causal, also bounds each sequence's keys
+    return GroupMetadata(
+        query_index=query_index.to(device),
+        query_valid=None if bool(query_valid.all()) else query_valid.to(device),
+        kv_slots=kv_slots.to(device),
+        mask=mask.unsqueeze(1).to(device),
+    )
+
+
+def _flash_metadata(slices: list[SequenceSlice], tables: torch.Tensor, device: torch.device) -> FlashMetadata:
+    q_lens = torch.tensor([s.end - s.start for s in slices], dtype=torch.int32)
+    k_lens = torch.tensor([s.end for s in slices], dtype=torch.int32)
+    zero = torch.zeros(1, dtype=torch.int32)
+    return FlashMetadata(
+        cu_seqlens_q=torch.cat([zero, q_lens.cumsum(0, dtype=torch.int32)]).to(device),
+        cu_seqlens_k=torch.cat([zero, k_lens.cumsum(0, dtype=torch.int32)]).to(device),
+        max_seqlen_q=int(q_lens.max()),
+        max_seqlen_k=int(k_lens.max()),
+        block_table=tables.to(device=device, dtype=torch.int32),
+    )
+
+
+# -- the attention function ------------------------------------------------------------------------
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    kvasir: StepMetadata | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention entry point. ``query``: ``[1, H, T, D]``; returns ``[1, T, H, D]``."""
+    if kvasir is None:
+        raise RuntimeError("kvasir_paged attention needs the engine's step metadata")
+    layer = module.layer_idx
+    flat_k, flat_v = kvasir.kv_cache.flat_keys[layer], kvasir.kv_cache.flat_values[layer]
+    flat_k.index_copy_(0, kvasir.slot_mapping, key[0].transpose(0, 1).to(flat_k.dtype))
+    flat_v.index_copy_(0, kvasir.slot_mapping, value[0].transpose(0, 1).to(flat_v.dtype))
+    q = query[0].transpose(0, 1)  # [T, H, D]
+    if kvasir.flash is not None:
+        out = _flash_attention(q, kvasir.kv_cache, layer, kvasir.flash, scaling)
+    else:
+        out = torch.empty_like(q)
+        for group in (kvasir.decode, kvasir.prefill):
+            if group is not None:
+                _attend_group(q, flat_k, flat_v, group, scaling, out)
+    return out.unsqueeze(0), None
+
+
+def _attend_group(
+    q: torch.Tensor,
+    flat_k: torch.Tensor,
+    flat_v: torch.Tensor,
+    group: GroupMetadata,
+    scaling: float | None,
+    out: torch.Tensor,
+) -> None:
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = flat_k.shape[1]
+    groups = num_heads // kv_heads
+    batch, q_width = group.query_index.shape
+    # [B, Q, H, D] -> [B, kv_heads, groups * Q, D]: query heads that share a KV head are attended together.
+    queries = q[group.query_index].view(batch, q_width, kv_heads, groups, head_dim)
+    queries = queries.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, groups * q_width, head_dim)
+    keys = flat_k[group.kv_slots].transpose(1, 2)  # [B, kv_heads, L, D]
+    values = flat_v[group.kv_slots].transpose(1, 2).to(queries.dtype)
+    attended = F.scaled_dot_product_attention(
+        queries, keys.to(queries.dtype), values, attn_mask=group.mask_for_groups(groups), scale=scaling
+    )
+    attended = attended.view(batch, kv_heads, groups, q_width, head_dim).permute(0, 3, 1, 2, 4)
+    attended = attended.reshape(batch, q_width, num_heads, head_dim)
+    if group.query_valid is None:
+        out[group.query_index.view(-1)] = attended.reshape(-1, num_heads, head_dim)
+    else:
+        out[group.query_index[group.query_valid]] = attended[group.query_valid]
+
+
+def _flash_attention(
+    q: torch.Tensor, kv_cache: KVCache, layer: int, meta: FlashMetadata, scaling: float | None
+) -> torch.Tensor:
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func(
+        q,
+        kv_cache.keys[layer],
+        kv_cache.values[layer],
+        cu_seqlens_q=meta.cu_seqlens_q,
+        cu_seqlens_k=meta.cu_seqlens_k,
+        max_seqlen_q=meta.max_seqlen_q,
+        max_seqlen_k=meta.max_seqlen_k,
+        softmax_scale=scaling,
+        causal=True,
+        block_table=meta.block_table,
+    )
+
+
+def flash_attn_available() -> bool:
+    """True when flash-attn's varlen kernel can be imported."""
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+FLASH_BLOCK_SIZE = 256  # flash-attn's paged kernel needs a multiple of 256
+
+
+def register() -> str:
+    """Register the paged attention function with transformers; returns its name."""
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)
+    return ATTENTION_NAME

@@ -1,0 +1,207 @@
+"""Paged KV-cache bookkeeping: block allocation, ref counts and the prefix cache. Pure Python, no torch.
+
+A block holds the K/V of ``block_size`` consecutive tokens of one sequence. Blocks are shared by ref count.
+A *full* block whose K/V has been computed is registered in the prefix cache under a hash chained over
+every token before it, so a later sequence that starts with the same tokens reuses it instead of computing
+it again. When its last reference goes, a hashed block keeps its contents and becomes *cached*: still
+reusable, but evicted least-recently-used when a fresh block is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+ROOT_HASH = b""
+
+
+def chain_hash(parent: bytes, token_ids: tuple[int, ...]) -> bytes:
+    """The prefix-cache key of a full block: a digest of its parent's key and its own token ids."""
+    digest = hashlib.blake2b(parent, digest_size=16)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+@dataclass(slots=True)
+class Block:
+    """One block of the pool and what the prefix cache knows about its contents."""
+
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None
+    parent_hash: bytes | None = None
+    token_ids: tuple[int, ...] = ()
+
+    def holds(self, parent_hash: bytes, token_ids: tuple[int, ...]) -> bool:
+        """True when this block's stored tokens are exactly ``token_ids`` after ``parent_hash``."""
+        return self.parent_hash == parent_hash and self.token_ids == token_ids
+
+    def forget(self) -> None:
+        self.hash = None
+        self.parent_hash = None
+        self.token_ids = ()
+
+
+@dataclass(slots=True)
+class BlockCounts:
+    """A snapshot of the pool. ``used + cached + free == total``."""
+
+    total: int
+    used: int
+    cached: int
+    free: int
+    shared: int
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """Blocks found in the prefix cache for the start of a prompt (references already taken)."""
+
+    block_ids: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
+
+
+class BlockManager:
+    """Owns the pool of KV blocks: who uses which block, and which freed blocks still hold a prefix."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be at least 1")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, hashed; oldest first
+        self._by_hash: dict[bytes, int] = {}
+        self._num_used = 0
+        self._num_shared = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_available(self) -> int:
+        """Blocks that an allocation can take now: free ones plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """How many blocks hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def counts(self) -> BlockCounts:
+        """Used (referenced), cached (reusable), free and shared block counts."""
+        return BlockCounts(
+            total=self.num_blocks,
+            used=self._num_used,
+            cached=len(self._evictable),
+            free=len(self._free),
+            shared=self._num_shared,
+        )
+
+    # -- prefix cache -------------------------------------------------------------------------------
+
+    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+        """Take references on the cached blocks that cover the start of ``token_ids``.
+
+        The last token is never covered: the model must compute at least one position to give logits.
+        """
+        match = PrefixMatch()
+        if not self.enable_prefix_caching:
+            return match
+        parent = ROOT_HASH
+        for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
+            tokens = tuple(token_ids[start : start + self.block_size])
+            key = chain_hash(parent, tokens)
+            block_id = self._by_hash.get(key)
+            if block_id is None or not self.blocks[block_id].holds(parent, tokens):
+                break
+            self._take_ref(block_id)
+            match.block_ids.append(block_id)
+            match.hashes.append(key)
+            parent = key
+        return match
+
+    def commit_full_blocks(
+        self, block_table: list[int], hashes: list[bytes], token_ids: list[int], num_computed: int
+    ) -> None:
+        """Register every block of ``block_table`` that is full and computed but not yet hashed.
+
+        ``hashes`` is the sequence's hash chain so far; it is extended in place.
+        """
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(num_computed // self.block_size, len(block_table))
+        for index in range(len(hashes), num_full):
+            parent = hashes[-1] if hashes else ROOT_HASH
+            start = index * self.block_size
+            tokens = tuple(token_ids[start : start + self.block_size])
+            key = chain_hash(parent, tokens)
+            hashes.append(key)
+            block = self.blocks[block_table[index]]
+            if block.hash is not None or key in self._by_hash:
+                continue  # already cached (another sequence computed the same prefix first)
+            block.hash, block.parent_hash, block.token_ids = key, parent, tokens
+            self._by_hash[key] = block.block_id
+
+    # -- allocation ---------------------------------------------------------------------------------
+
+    def can_allocate(self, block_table: list[int], num_tokens: int) -> bool:
+        """True when ``block_table`` can grow to hold ``num_tokens`` tokens."""
+        return self.blocks_for(num_tokens) - len(block_table) <= self.num_available
+
+    def allocate(self, block_table: list[int], num_tokens: int) -> bool:
+        """Grow ``block_table`` in place to hold ``num_tokens`` tokens; False (and no change) if it can't."""
+        missing = self.blocks_for(num_tokens) - len(block_table)
+        if missing > self.num_available:
+            return False
+        for _ in range(missing):
+            block_table.append(self._take_fresh())
+        return True
+
+    def free(self, block_table: list[int]) -> None:
+        """Drop a sequence's references. Its last blocks go first, so its prefix is evicted last."""
+        for block_id in reversed(block_table):
+            self._drop_ref(block_id)
+        block_table.clear()
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _take_fresh(self) -> int:
+        if self._free:
+            block_id = self._free.popleft()
+        else:
+            block_id, _ = self._evictable.popitem(last=False)
+            block = self.blocks[block_id]
+            if self._by_hash.get(block.hash) == block_id:
+                del self._by_hash[block.hash]
+            block.forget()
+        self.blocks[block_id].ref_count = 1
+        self._num_used += 1
+        return block_id
+
+    def _take_ref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._evictable[block_id]
+            self._num_used += 1
+        elif block.ref_count == 1:
+            self._num_shared += 1
+        block.ref_count += 1
+
+    def _drop_ref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count <= 0:
+            raise RuntimeError(f"block {block_id} freed more often than it was taken")
+        block.ref_count -= 1
+        if block.ref_count == 1:
+            self._num_shared -= 1
+        elif block.ref_count == 0:
+            self._num_used -= 1
+            if block.hash is not None and self._by_hash.get(block.hash) == block_id:
+                self._evictable[block_id] = None
+            else:
+                block.forget()
+                self._free.append(block_id)

@@ -1,0 +1,282 @@
+"""The engine: requests in, streamed outputs out, one paged KV cache and one batch for all of them."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable
+
+import torch
+
+from . import attention
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache import KVCache, KVShape, blocks_for_memory
+from .loader import LoadedModel, load_model, resolve_device
+from .metrics import EngineCounters, EngineStats, RequestMetrics
+from .outputs import RequestOutput
+from .runner import ModelRunner
+from .sampling import SamplingParams
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Sequence, Status
+
+log = logging.getLogger(__name__)
+
+Prompt = str | list[int] | list[dict]
+CPU_KV_SHARE = 0.25  # of free system memory, when neither num_kv_blocks nor kv_cache_memory is set
+CUDA_KV_SHARE = 0.80  # of free device memory after the weights are loaded
+CPU_KV_DEFAULT_CAP = 2 * 1024**3
+
+
+class Engine:
+    """Serves many requests at once from one model; see DESIGN.md for the public API."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.device, self.device_reason = resolve_device(self.config.device)
+        self.attention_backend = self._pick_backend()
+        block_size = self.config.block_size
+        if self.attention_backend == "flash_attn" and block_size % attention.FLASH_BLOCK_SIZE:
+            block_size = attention.FLASH_BLOCK_SIZE
+        self.block_size = block_size
+        self.loaded: LoadedModel = load_model(self.config, self.device, attention.register())
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = self.loaded.max_model_len
+        shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
+        self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device)
+        self.block_manager = BlockManager(self.kv_cache.num_blocks, block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend)
+        self.counters = EngineCounters()
+        self._sequences: dict[str, Sequence] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._pending: list[RequestOutput] = []  # refused or aborted, reported by the next step
+        self._ids = itertools.count()
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    def add_request(
+        self, prompt: Prompt, sampling: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue a request; returns its id. A request that can never fit finishes at once with an error."""
+        sampling = sampling or SamplingParams()
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._sequences:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        token_ids = self.encode_prompt(prompt)
+        seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter())
+        self._sequences[request_id] = seq
+        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, sampling.stop)
+        problem = self._why_it_cannot_fit(seq)
+        if problem:
+            self._finish(seq, "error", problem)
+        else:
+            self.scheduler.add(seq)
+        return request_id
+
+    def step(self) -> list[RequestOutput]:
+        """Run one forward pass; returns an output for every request that advanced or ended."""
+        outputs, self._pending = self._pending, []
+        scheduled = self.scheduler.schedule()
+        if not scheduled.chunks:
+            return outputs
+        start = time.perf_counter()
+        for chunk in scheduled.chunks:
+            if chunk.seq.first_scheduled_time is None:
+                chunk.seq.first_scheduled_time = start
+                self.counters.record_admission(chunk.seq.num_prompt_tokens, chunk.seq.num_cached_prompt_tokens or 0)
+        sampled = self.runner.run(scheduled.chunks)
+        end = time.perf_counter()
+        self.scheduler.commit(scheduled)
+        outputs += self._append_tokens(scheduled, sampled, end)
+        decode = sum(1 for c in scheduled.chunks if c.samples and c.start >= c.seq.num_prompt_tokens)
+        self.counters.record_step(start, end, scheduled.num_tokens - decode, len(sampled))
+        return outputs
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its blocks; the next step reports it with ``finish_reason='abort'``."""
+        seq = self._sequences.get(request_id)
+        if seq is not None and not seq.finished:
+            self._finish(seq, "abort", None)
+
+    def abort_all(self, reason: str = "abort", error: str | None = None) -> None:
+        """End every live request (reported by the next step)."""
+        for seq in list(self._sequences.values()):
+            if not seq.finished:
+                self._finish(seq, reason, error)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_unfinished()
+
+    def generate(
+        self, prompts: Iterable[Prompt], sampling: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` to completion together; the final output of each, in input order."""
+        prompts = list(prompts)
+        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, s) for p, s in zip(prompts, params, strict=True)]
+        finals: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        return [finals[i] for i in ids]
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the cache, the queues, the counters and the model."""
+        counts = self.block_manager.counts()
+        prefill_rate, decode_rate = self.counters.rates()
+        return EngineStats(
+            block_size=self.block_size,
+            kv_blocks_total=counts.total,
+            kv_blocks_used=counts.used,
+            kv_blocks_cached=counts.cached,
+            kv_blocks_free=counts.free,
+            kv_blocks_shared=counts.shared,
+            kv_usage=counts.used / counts.total,
+            prefix_hit_rate=self.counters.prefix_hit_rate(),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_preempted_total=self.scheduler.num_preempted_total,
+            prompt_tokens_total=self.counters.prompt_tokens_total,
+            cached_prompt_tokens_total=self.counters.cached_prompt_tokens_total,
+            generated_tokens_total=self.counters.generated_tokens_total,
+            prefill_tokens_per_s=prefill_rate,
+            decode_tokens_per_s=decode_rate,
+            device=str(self.device),
+            device_reason=self.device_reason,
+            dtype=str(self.loaded.dtype).removeprefix("torch."),
+            quantization=self.config.quantization,
+            attention_backend=self.attention_backend,
+            model_name=self.loaded.source.name,
+            model_memory_bytes=self.loaded.memory_bytes,
+            kv_cache_memory_bytes=self.kv_cache.memory_bytes,
+            max_model_len=self.max_model_len,
+        )
+
+    def block_owners(self) -> dict[str, list[int]]:
+        """Each live request's block table (for drawing the pool)."""
+        return {rid: list(s.block_table) for rid, s in self._sequences.items() if s.block_table}
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: raw text, token ids, or chat messages (with the generation prompt)."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        elif prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        elif all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError("a prompt is a string, a list of token ids, or a list of chat messages")
+        vocab = self.loaded.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        return list(ids)
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _pick_backend(self) -> str:
+        wanted = self.config.attention_backend
+        if wanted == "torch" or self.device.type != "cuda":
+            if wanted == "flash_attn":
+                raise ValueError("the flash_attn backend needs a CUDA device")
+            return "torch"
+        if attention.flash_attn_available():
+            return "flash_attn"
+        if wanted == "flash_attn":
+            raise ValueError("attention_backend='flash_attn' was asked for, but flash-attn is not importable")
+        return "torch"
+
+    def _num_kv_blocks(self, shape: KVShape) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        memory = self.config.kv_cache_memory or self._default_kv_memory()
+        # Never more than the longest context times max_num_seqs could ever use.
+        ceiling = self.config.max_num_seqs * -(-self.max_model_len // self.block_size) + 1
+        return min(blocks_for_memory(shape, self.block_size, memory), ceiling)
+
+    def _default_kv_memory(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * CUDA_KV_SHARE)
+        return min(int(_available_system_memory() * CPU_KV_SHARE), CPU_KV_DEFAULT_CAP)
+
+    def _why_it_cannot_fit(self, seq: Sequence) -> str | None:
+        if seq.num_prompt_tokens == 0:
+            return "the prompt is empty"
+        needed = seq.num_prompt_tokens + seq.params.max_tokens
+        if needed > self.max_model_len:
+            return (
+                f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) is "
+                f"{needed} tokens, more than the model's context of {self.max_model_len}"
+            )
+        pool = self.kv_cache.num_blocks * self.block_size
+        if needed > pool:
+            return f"the request needs {needed} tokens of KV cache but the whole pool holds {pool}"
+        return None
+
+    def _append_tokens(self, scheduled: SchedulerOutput, sampled: list[int], now: float) -> list[RequestOutput]:
+        outputs = []
+        sampling_chunks = (c for c in scheduled.chunks if c.samples)
+        for chunk, token in zip(sampling_chunks, sampled, strict=True):
+            seq = chunk.seq
+            seq.token_ids.append(token)
+            seq.first_token_time = seq.first_token_time or now
+            seq.last_token_time = now
+            detok = self._detokenizers[seq.request_id]
+            reason = self._finish_reason(seq, token, detok)
+            if reason:
+                outputs.append(self._finish(seq, reason, None, report=False))
+            else:
+                outputs.append(self._output(seq, [token], detok.release()))
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> str | None:
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.loaded.eos_token_ids):
+            return "stop"
+        detok.add(token)
+        if detok.stopped:
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None, report: bool = True) -> RequestOutput:
+        self.scheduler.finish(seq)
+        seq.finish_reason, seq.error = reason, error
+        detok = self._detokenizers.pop(seq.request_id)
+        del self._sequences[seq.request_id]
+        new_tokens = [seq.token_ids[-1]] if reason in ("stop", "length") and seq.num_output_tokens else []
+        out = self._output(seq, new_tokens, detok.release(final=True), detok.text)
+        if report:
+            self._pending.append(out)
+        return out
+
+    def _output(self, seq: Sequence, delta_ids: list[int], delta_text: str, text: str | None = None) -> RequestOutput:
+        detok = self._detokenizers.get(seq.request_id)
+        return RequestOutput(
+            request_id=seq.request_id,
+            text=text if text is not None else detok.text[: detok.released],
+            token_ids=seq.output_token_ids,
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+            finished=seq.finished,
+            finish_reason=seq.finish_reason,
+            error=seq.error,
+            metrics=RequestMetrics.of(seq),
+        )
+
+
+def _available_system_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 * 1024**3

@@ -1,0 +1,22 @@
+"""What the engine hands back for each request that advanced in a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .metrics import RequestMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """The whole completion so far and what is new in this step."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    delta_text: str
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
+    error: str | None
+    metrics: RequestMetrics

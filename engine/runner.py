@@ -1,0 +1,51 @@
+"""One forward pass over a packed batch: inputs, attention metadata, logits for sampling rows, sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import SequenceSlice, build_metadata
+from .kv_cache import KVCache
+from .sampler import Sampler, SamplingRow
+from .scheduler import Chunk
+
+
+class ModelRunner:
+    """Runs the model on the chunks the scheduler picked and samples the next token where one is due."""
+
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device, backend: str) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = device
+        self.backend = backend
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def run(self, chunks: list[Chunk]) -> list[int]:
+        """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
+        input_ids, positions, slices, sample_index = self._pack(chunks)
+        meta = build_metadata(self.kv_cache, slices, self.device, self.backend)
+        logits = self.model(
+            input_ids=input_ids.to(self.device, non_blocking=True)[None],
+            position_ids=positions.to(self.device, non_blocking=True)[None],
+            use_cache=False,
+            logits_to_keep=sample_index.to(self.device, non_blocking=True),
+            kvasir=meta,
+        ).logits[0]
+        rows = [
+            SamplingRow(c.seq.params, c.seq.token_ids, c.seq.num_output_tokens) for c in chunks if c.samples
+        ]
+        return self.sampler(logits, rows) if rows else []
+
+    @staticmethod
+    def _pack(chunks: list[Chunk]):
+        ids: list[int] = []
+        slices: list[SequenceSlice] = []
+        sample_index: list[int] = []
+        for chunk in chunks:
+            slices.append(SequenceSlice(len(ids), chunk.start, chunk.end, chunk.seq.block_table))
+            ids.extend(chunk.seq.token_ids[chunk.start : chunk.end])
+            if chunk.samples:
+                sample_index.append(len(ids) - 1)
+        positions = torch.cat([torch.arange(c.start, c.end) for c in chunks])
+        return torch.tensor(ids), positions, slices, torch.tensor(sample_index, dtype=torch.long)

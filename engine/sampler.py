@@ -1,0 +1,92 @@
+"""Token selection for a batch: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    """What the sampler needs to know about one row of logits."""
+
+    params: SamplingParams
+    token_ids: list[int]  # prompt and output so far (for the repetition penalty)
+    output_index: int  # how many tokens this request has produced (makes seeded draws reproducible)
+
+
+class Sampler:
+    """Picks one token per row. Every operation runs on the whole batch at once."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._generator = torch.Generator()
+        self._generator.manual_seed(seed if seed is not None else torch.seed())
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+        logits = logits.float()
+        logits = _apply_repetition_penalty(logits, rows)
+        greedy = [row.params.greedy for row in rows]
+        if all(greedy):
+            return logits.argmax(dim=-1).tolist()
+        probs = _filtered_probs(logits, rows)
+        noise = self._exponential_noise(rows, probs.shape[-1]).to(probs.device)
+        sampled = (probs / noise).argmax(dim=-1)  # exponential race: a draw from ``probs``
+        if any(greedy):
+            sampled = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), sampled)
+        return sampled.tolist()
+
+    def _exponential_noise(self, rows: list[SamplingRow], vocab: int) -> torch.Tensor:
+        """Exp(1) noise per row; a seeded row's noise depends only on its seed and output index."""
+        noise = torch.empty(len(rows), vocab).exponential_(generator=self._generator)
+        for i, row in enumerate(rows):
+            if row.params.seed is not None and not row.params.greedy:
+                generator = torch.Generator().manual_seed(_mix(row.params.seed, row.output_index))
+                noise[i].exponential_(generator=generator)
+        return noise.clamp_min_(1e-20)
+
+
+def _mix(seed: int, index: int) -> int:
+    return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (2**63 - 1)
+
+
+def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Divide positive and multiply negative logits of already-seen tokens by the penalty (as in CTRL)."""
+    penalised = [i for i, row in enumerate(rows) if row.params.repetition_penalty != 1.0]
+    if not penalised:
+        return logits
+    width = max(len(rows[i].token_ids) for i in penalised)
+    seen = torch.tensor(
+        [rows[i].token_ids + [rows[i].token_ids[0]] * (width - len(rows[i].token_ids)) for i in penalised],
+        device=logits.device,
+    )
+    penalty = torch.tensor([rows[i].params.repetition_penalty for i in penalised], device=logits.device)[:, None]
+    index = torch.tensor(penalised, device=logits.device)
+    selected = logits[index]
+    scores = selected.gather(1, seen)
+    scores = torch.where(scores > 0, scores / penalty, scores * penalty)
+    logits = logits.clone()
+    logits[index] = selected.scatter(1, seen, scores)
+    return logits
+
+
+def _filtered_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Softmax at each row's temperature, with top-k, top-p and min-p applied (zeros elsewhere)."""
+    device = logits.device
+    temperature = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=device)[:, None]
+    probs = torch.softmax(logits / temperature, dim=-1)
+    top_k = torch.tensor([r.params.top_k for r in rows], device=device)
+    top_p = torch.tensor([r.params.top_p for r in rows], device=device)
+    min_p = torch.tensor([r.params.min_p for r in rows], device=device)
+    if not ((top_k > 0).any() or (top_p < 1).any() or (min_p > 0).any()):
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=device)[None, :]
+    keep = (top_k[:, None] == 0) | (rank < top_k[:, None])
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep &= mass_before < top_p[:, None]  # the most likely token always stays
+    keep &= sorted_probs >= min_p[:, None] * sorted_probs[:, :1]
+    sorted_probs = sorted_probs * keep
+    return torch.zeros_like(probs).scatter_(1, order, sorted_probs)

@@ -1,0 +1,151 @@
+"""Continuous batching: which tokens of which requests go into the next forward pass. Pure Python."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, Status
+
+
+@dataclass(slots=True)
+class Chunk:
+    """``num_tokens`` tokens of ``seq`` starting at position ``start``, computed in this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the sequence's last token, so the step samples the next one."""
+        return self.end == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[Chunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+
+class Scheduler:
+    """First come, first served; decode and chunked prefill share one token budget per step.
+
+    Running requests are served first, oldest first. When the pool runs out of blocks, the newest running
+    request is preempted by recompute: its blocks are freed (hashed ones stay cached) and it goes back to
+    the front of the queue. Waiting requests are admitted while the budget, ``max_num_seqs`` and free
+    blocks allow, never jumping the queue.
+    """
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preempted_total = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's chunks."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """Record that the step's chunks are now in the KV cache, and hash the blocks they filled."""
+        for chunk in out.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.end
+            self.block_manager.commit_full_blocks(
+                seq.block_table, seq.block_hashes, seq.token_ids, seq.num_computed_tokens
+            )
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out and release its blocks."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq.block_table)
+        seq.block_hashes = []
+        seq.status = Status.FINISHED
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self._allocate_or_preempt(seq, num_tokens, out):
+                break  # ``seq`` itself was the newest and has been preempted
+            out.chunks.append(Chunk(seq, seq.num_computed_tokens, num_tokens))
+            budget -= num_tokens
+            index += 1
+        return budget
+
+    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        needed = seq.num_computed_tokens + num_tokens
+        while not self.block_manager.allocate(seq.block_table, needed):
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.pop()
+        self.block_manager.free(seq.block_table)
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preempted_total += 1
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.block_table:
+                self._reuse_cached_prefix(seq)
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.allocate(seq.block_table, seq.num_computed_tokens + num_tokens):
+                self._release_prefix(seq)
+                break
+            self.waiting.popleft()
+            if seq.num_cached_prompt_tokens is None:
+                seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.chunks.append(Chunk(seq, seq.num_computed_tokens, num_tokens))
+            budget -= num_tokens
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        match = self.block_manager.match_prefix(seq.token_ids)
+        seq.block_table = match.block_ids
+        seq.block_hashes = match.hashes
+        seq.num_computed_tokens = len(match.block_ids) * self.block_manager.block_size
+
+    def _release_prefix(self, seq: Sequence) -> None:
+        self.block_manager.free(seq.block_table)
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
