@@ -1,0 +1,49 @@
+"""Shared fixtures: the default model's tokenizer and tiny random-weight models of several architectures."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    """The default model's tokenizer, saved once in Hugging Face format for the tiny models to share."""
+    from transformers import AutoTokenizer
+
+    from engine.loader import default_model_path
+
+    path = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    folder = tmp_path_factory.mktemp("tokenizer")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, tokenizer_dir):
+    """One folder per architecture: config.json, safetensors weights and the tokenizer."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {arch: write_tiny_model(arch, root / arch, tokenizer_dir) for arch in ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_dirs):
+    return tiny_model_dirs["llama"]

@@ -1,0 +1,101 @@
+"""The engine in its own thread: streaming into asyncio, abort on break and on cancel, stats from anywhere."""
+
+import asyncio
+import threading
+
+import pytest
+
+from engine import AsyncEngine, EngineConfig, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def async_engine(tiny_llama):
+    engine = AsyncEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=128))
+    yield engine
+    engine.shutdown()
+
+
+async def wait_until(predicate, timeout=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_stream_yields_deltas_until_finished(async_engine):
+    async def main():
+        pieces, last = [], None
+        async for out in async_engine.stream("hello", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)):
+            pieces.append(out.delta_text)
+            last = out
+        return pieces, last
+
+    pieces, last = asyncio.run(main())
+    assert last.finished and last.finish_reason == "length" and len(last.token_ids) == 12
+    assert "".join(pieces) == last.text
+
+
+def test_two_streams_run_concurrently(async_engine):
+    events = []
+
+    async def consume(name):
+        async for out in async_engine.stream(name, SamplingParams(max_tokens=30, ignore_eos=True)):
+            events.append((name, len(out.token_ids)))
+
+    async def main():
+        await asyncio.gather(consume("first"), consume("second"))
+
+    asyncio.run(main())
+    assert events.count(("first", 30)) == 1 and events.count(("second", 30)) == 1
+    # Interleaved: the second stream's first token came before the first stream's last.
+    assert events.index(("second", 1)) < events.index(("first", 30))
+
+
+def test_breaking_out_aborts_and_frees_blocks(async_engine):
+    async def main():
+        async for out in async_engine.stream("go on", SamplingParams(max_tokens=500, ignore_eos=True)):
+            if len(out.token_ids) >= 3:
+                break
+        await wait_until(lambda: async_engine.stats().kv_blocks_used == 0 and async_engine.stats().num_running == 0)
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_task_aborts(async_engine):
+    async def consume():
+        async for _ in async_engine.stream("and on", SamplingParams(max_tokens=500, ignore_eos=True)):
+            pass
+
+    async def main():
+        task = asyncio.create_task(consume())
+        await wait_until(lambda: async_engine.stats().num_running == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: async_engine.stats().kv_blocks_used == 0 and async_engine.stats().num_running == 0)
+
+    asyncio.run(main())
+
+
+def test_stats_can_be_read_from_another_thread(async_engine):
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(async_engine.stats()))
+    thread.start()
+    thread.join()
+    assert seen[0].kv_blocks_total == 128
+
+
+def test_bad_prompt_raises_in_the_stream(async_engine):
+    async def main():
+        async for _ in async_engine.stream(12345):
+            pass
+
+    with pytest.raises(TypeError):
+        asyncio.run(main())
+
+
+def test_failed_load_raises_in_the_constructor():
+    from engine import ModelLoadError
+
+    with pytest.raises(ModelLoadError):
+        AsyncEngine(EngineConfig(model="/nowhere/at/all"))
