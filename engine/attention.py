@@ -25,13 +25,15 @@ class GroupMetadata:
 
     query_index: torch.Tensor  # [B, Q] positions in the packed row (padding repeats a valid one)
     query_valid: torch.Tensor | None  # [B, Q] bool, None when every query is real
-    kv_slots: torch.Tensor  # [B, L] cache slots of each sequence's keys, padded with 0
-    mask: torch.Tensor  # [B, 1, Q, L] bool, True where the query may attend
-    _gqa_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    kv_blocks: torch.Tensor  # [B * N] each sequence's block table, padded with block 0
+    kv_width: int  # L: the longest sequence's length; keys beyond a sequence's own length are masked
+    mask: torch.Tensor | None  # [B, 1, Q, L] additive (0 or -inf); None when nothing is masked
+    is_whole_step: bool  # the group's queries are exactly the step's tokens, in order
+    _gqa_masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
 
-    def mask_for_groups(self, groups: int) -> torch.Tensor:
+    def mask_for_groups(self, groups: int) -> torch.Tensor | None:
         """The mask for queries packed as ``[B, kv_heads, groups * Q, D]`` (built once per step)."""
-        if groups == 1:
+        if groups == 1 or self.mask is None:
             return self.mask
         if groups not in self._gqa_masks:
             b, _, q, l = self.mask.shape
@@ -73,7 +75,7 @@ class SequenceSlice:
 
 
 def build_metadata(
-    kv_cache: KVCache, slices: list[SequenceSlice], device: torch.device, backend: str
+    kv_cache: KVCache, slices: list[SequenceSlice], device: torch.device, backend: str, dtype: torch.dtype
 ) -> StepMetadata:
     """Build the step's metadata on the CPU with a few tensor ops, then move it to ``device`` once."""
     block_size = kv_cache.block_size
@@ -87,10 +89,11 @@ def build_metadata(
         return meta
     decode = [i for i, s in enumerate(slices) if s.end - s.start == 1]
     prefill = [i for i, s in enumerate(slices) if s.end - s.start > 1]
+    whole = len(decode) == len(slices) or len(prefill) == len(slices)
     if decode:
-        meta.decode = _group_metadata([slices[i] for i in decode], tables[decode], block_size, device)
+        meta.decode = _group_metadata([slices[i] for i in decode], tables[decode], block_size, device, whole, dtype)
     if prefill:
-        meta.prefill = _group_metadata([slices[i] for i in prefill], tables[prefill], block_size, device)
+        meta.prefill = _group_metadata([slices[i] for i in prefill], tables[prefill], block_size, device, whole, dtype)
     return meta
 
 
@@ -100,7 +103,12 @@ def _padded_block_tables(slices: list[SequenceSlice]) -> torch.Tensor:
 
 
 def _group_metadata(
-    slices: list[SequenceSlice], tables: torch.Tensor, block_size: int, device: torch.device
+    slices: list[SequenceSlice],
+    tables: torch.Tensor,
+    block_size: int,
+    device: torch.device,
+    whole: bool,
+    dtype: torch.dtype,
 ) -> GroupMetadata:
     starts = torch.tensor([s.start for s in slices])
     lengths = torch.tensor([s.end - s.start for s in slices])
@@ -112,14 +120,19 @@ def _group_metadata(
     query_index = offsets[:, None] + q_step
     query_pos = starts[:, None] + q_step  # absolute position of each query
     kv_pos = torch.arange(kv_width)
-    kv_slots = tables[:, kv_pos // block_size] * block_size + kv_pos % block_size
-    kv_slots = torch.where(kv_pos[None, :] < (starts + lengths)[:, None], kv_slots, 0)
-    mask = kv_pos[None, None, :] <= query_pos[:, :, None]  # causal, also bounds each sequence's keys
+    num_blocks = -(-kv_width // block_size)
+    allowed = kv_pos[None, None, :] <= query_pos[:, :, None]  # causal, also bounds each sequence's keys
+    mask = None
+    if not bool(allowed.all()):
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+    all_valid = bool(query_valid.all())
     return GroupMetadata(
         query_index=query_index.to(device),
-        query_valid=None if bool(query_valid.all()) else query_valid.to(device),
-        kv_slots=kv_slots.to(device),
-        mask=mask.unsqueeze(1).to(device),
+        query_valid=None if all_valid else query_valid.to(device),
+        kv_blocks=tables[:, :num_blocks].reshape(-1).to(device),
+        kv_width=kv_width,
+        mask=None if mask is None else mask.to(device),
+        is_whole_step=whole and all_valid and q_width * len(slices) == int(lengths.sum()),
     )
 
 
@@ -161,39 +174,53 @@ def paged_attention(
     if kvasir.flash is not None:
         out = _flash_attention(q, kvasir.kv_cache, layer, kvasir.flash, scaling)
     else:
-        out = torch.empty_like(q)
+        out = None
         for group in (kvasir.decode, kvasir.prefill):
-            if group is not None:
-                _attend_group(q, flat_k, flat_v, group, scaling, out)
+            if group is None:
+                continue
+            attended = _attend_group(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], group, scaling)
+            if group.is_whole_step:
+                out = attended.reshape(q.shape)
+                continue
+            out = torch.empty_like(q) if out is None else out
+            if group.query_valid is None:
+                out[group.query_index.view(-1)] = attended.reshape(-1, *q.shape[1:])
+            else:
+                out[group.query_index[group.query_valid]] = attended[group.query_valid]
     return out.unsqueeze(0), None
+
+
+def _gather(cache: torch.Tensor, group: GroupMetadata) -> torch.Tensor:
+    """Each sequence's keys or values, ``[B, kv_heads, L, D]``, copied block by block (large contiguous rows)."""
+    blocks = cache.index_select(0, group.kv_blocks)  # [B * N, block_size, kv_heads, D]
+    batch = group.query_index.shape[0]
+    per_sequence = blocks.view(batch, -1, *cache.shape[2:])[:, : group.kv_width]
+    return per_sequence.transpose(1, 2)
 
 
 def _attend_group(
     q: torch.Tensor,
-    flat_k: torch.Tensor,
-    flat_v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
     group: GroupMetadata,
     scaling: float | None,
-    out: torch.Tensor,
-) -> None:
+) -> torch.Tensor:
     num_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = flat_k.shape[1]
+    kv_heads = cache_k.shape[2]
     groups = num_heads // kv_heads
     batch, q_width = group.query_index.shape
     # [B, Q, H, D] -> [B, kv_heads, groups * Q, D]: query heads that share a KV head are attended together.
-    queries = q[group.query_index].view(batch, q_width, kv_heads, groups, head_dim)
+    queries = q if group.is_whole_step else q.index_select(0, group.query_index.view(-1))
+    queries = queries.view(batch, q_width, kv_heads, groups, head_dim)
     queries = queries.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, groups * q_width, head_dim)
-    keys = flat_k[group.kv_slots].transpose(1, 2)  # [B, kv_heads, L, D]
-    values = flat_v[group.kv_slots].transpose(1, 2).to(queries.dtype)
+    keys = _gather(cache_k, group)  # [B, kv_heads, L, D]
+    values = _gather(cache_v, group)
     attended = F.scaled_dot_product_attention(
-        queries, keys.to(queries.dtype), values, attn_mask=group.mask_for_groups(groups), scale=scaling
+        queries, keys.to(queries.dtype), values.to(queries.dtype), attn_mask=group.mask_for_groups(groups),
+        scale=scaling,
     )
     attended = attended.view(batch, kv_heads, groups, q_width, head_dim).permute(0, 3, 1, 2, 4)
-    attended = attended.reshape(batch, q_width, num_heads, head_dim)
-    if group.query_valid is None:
-        out[group.query_index.view(-1)] = attended.reshape(-1, num_heads, head_dim)
-    else:
-        out[group.query_index[group.query_valid]] = attended[group.query_valid]
+    return attended.reshape(batch, q_width, num_heads, head_dim)
 
 
 def _flash_attention(

@@ -15,6 +15,7 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device, backend: str) -> None:
         self.model = model
+        self.dtype = next(model.parameters()).dtype
         self.kv_cache = kv_cache
         self.device = device
         self.backend = backend
@@ -24,7 +25,7 @@ class ModelRunner:
     def run(self, chunks: list[Chunk]) -> list[int]:
         """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
         input_ids, positions, slices, sample_index = self._pack(chunks)
-        meta = build_metadata(self.kv_cache, slices, self.device, self.backend)
+        meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
         logits = self.model(
             input_ids=input_ids.to(self.device, non_blocking=True)[None],
             position_ids=positions.to(self.device, non_blocking=True)[None],
