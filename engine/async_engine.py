@@ -11,6 +11,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -146,7 +147,7 @@ class AsyncEngine:
                 break
             outputs = self._safe_step()
             self._dispatch(outputs)
-            now = _monotonic()
+            now = time.monotonic()
             if now - last_stats >= STATS_INTERVAL_S or not self._engine.has_unfinished():
                 self._stats, last_stats = self._engine.stats(), now
         self._engine.abort_all()
@@ -209,9 +210,3 @@ class AsyncEngine:
             loop.call_soon_threadsafe(stream._deliver, item)
         except RuntimeError:  # the caller's loop has closed
             self._streams.pop(request_id, None)
-
-
-def _monotonic() -> float:
-    import time
-
-    return time.monotonic()

@@ -57,8 +57,8 @@ class StepMetadata:
     """What every layer needs to run paged attention for one step."""
 
     kv_cache: KVCache
+    positions: torch.Tensor  # [T] position of each new token in its sequence
     slot_mapping: torch.Tensor  # [T] cache slot of each new token
-    num_tokens: int
     decode: GroupMetadata | None = None  # sequences with one new token
     prefill: GroupMetadata | None = None  # sequences with several new tokens
     flash: FlashMetadata | None = None
@@ -83,7 +83,7 @@ def build_metadata(
     positions = torch.cat([torch.arange(s.start, s.end) for s in slices])
     owner = torch.repeat_interleave(torch.arange(len(slices)), torch.tensor([s.end - s.start for s in slices]))
     slot_mapping = tables[owner, positions // block_size] * block_size + positions % block_size
-    meta = StepMetadata(kv_cache, slot_mapping.to(device, non_blocking=True), int(positions.numel()))
+    meta = StepMetadata(kv_cache, positions.to(device, non_blocking=True), slot_mapping.to(device, non_blocking=True))
     if backend == "flash_attn":
         meta.flash = _flash_metadata(slices, tables, device)
         return meta

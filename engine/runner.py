@@ -24,11 +24,12 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> list[int]:
         """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
-        input_ids, positions, slices, sample_index = self._pack(chunks)
+        input_ids, slices, sample_index = self._pack(chunks)
         meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
+        positions = meta.positions
         logits = self.model(
             input_ids=input_ids.to(self.device, non_blocking=True)[None],
-            position_ids=positions.to(self.device, non_blocking=True)[None],
+            position_ids=positions[None],
             use_cache=False,
             logits_to_keep=sample_index.to(self.device, non_blocking=True),
             kvasir=meta,
@@ -48,5 +49,4 @@ class ModelRunner:
             ids.extend(chunk.seq.token_ids[chunk.start : chunk.end])
             if chunk.samples:
                 sample_index.append(len(ids) - 1)
-        positions = torch.cat([torch.arange(c.start, c.end) for c in chunks])
-        return torch.tensor(ids), positions, slices, torch.tensor(sample_index, dtype=torch.long)
+        return torch.tensor(ids), slices, torch.tensor(sample_index, dtype=torch.long)
