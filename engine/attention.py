@@ -27,6 +27,7 @@ class GroupMetadata:
     query_valid: torch.Tensor | None  # [B, Q] bool, None when every query is real
     kv_blocks: torch.Tensor  # [B * N] each sequence's block table, padded with block 0
     kv_width: int  # L: the longest sequence's length; keys beyond a sequence's own length are masked
+    first_block: int | None  # one sequence whose blocks are consecutive in the pool: read them in place
     mask: torch.Tensor | None  # [B, 1, Q, L] additive (0 or -inf); None when nothing is masked
     is_whole_step: bool  # the group's queries are exactly the step's tokens, in order
     _gqa_masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
@@ -131,9 +132,15 @@ def _group_metadata(
         query_valid=None if all_valid else query_valid.to(device),
         kv_blocks=tables[:, :num_blocks].reshape(-1).to(device),
         kv_width=kv_width,
+        first_block=_consecutive_start(slices[0].block_table[:num_blocks]) if len(slices) == 1 else None,
         mask=None if mask is None else mask.to(device),
         is_whole_step=whole and all_valid and q_width * len(slices) == int(lengths.sum()),
     )
+
+
+def _consecutive_start(block_table: list[int]) -> int | None:
+    first = block_table[0]
+    return first if block_table == list(range(first, first + len(block_table))) else None
 
 
 def _flash_metadata(slices: list[SequenceSlice], tables: torch.Tensor, device: torch.device) -> FlashMetadata:
@@ -192,7 +199,10 @@ def paged_attention(
 
 def _gather(cache: torch.Tensor, group: GroupMetadata) -> torch.Tensor:
     """Each sequence's keys or values, ``[B, kv_heads, L, D]``, copied block by block (large contiguous rows)."""
-    blocks = cache.index_select(0, group.kv_blocks)  # [B * N, block_size, kv_heads, D]
+    if group.first_block is not None:  # a view, no copy
+        blocks = cache[group.first_block : group.first_block + group.kv_blocks.numel()]
+    else:
+        blocks = cache.index_select(0, group.kv_blocks)  # [B * N, block_size, kv_heads, D]
     batch = group.query_index.shape[0]
     per_sequence = blocks.view(batch, -1, *cache.shape[2:])[:, : group.kv_width]
     return per_sequence.transpose(1, 2)
