@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUANTIZATIONS = ("none", "int8", "nf4", "fp4")
+QUANTIZATIONS = ("auto", "none", "int8", "nf4", "fp4")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -13,7 +13,7 @@ class EngineConfig:
     """Everything that fixes how the engine loads a model and shares its KV cache."""
 
     model: str = "default"
-    quantization: str = "none"
+    quantization: str = "auto"  # nf4 on CUDA, none on the CPU
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import time
@@ -13,14 +14,17 @@ from . import attention
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .devices import available_memory, resolve_device
+from .errors import ModelLoadError
+from .fit import FitEstimate, estimate
 from .kv_cache import KVCache, KVShape, blocks_for_memory
-from .loader import LoadedModel, load_model, resolve_device
+from .loader import LoadedModel, Progress, load_model
 from .metrics import EngineCounters, EngineStats, RequestMetrics
 from .outputs import RequestOutput
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence, Status
+from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -28,32 +32,40 @@ Prompt = str | list[int] | list[dict]
 CPU_KV_SHARE = 0.25  # of free system memory, when neither num_kv_blocks nor kv_cache_memory is set
 CUDA_KV_SHARE = 0.80  # of free device memory after the weights are loaded
 CPU_KV_DEFAULT_CAP = 2 * 1024**3
+SWITCHED_MESSAGE = "the model was switched while this reply was being written"
 
 
 class Engine:
     """Serves many requests at once from one model; see DESIGN.md for the public API."""
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config or EngineConfig()
-        self.device, self.device_reason = resolve_device(self.config.device)
-        self.attention_backend = self._pick_backend()
-        block_size = self.config.block_size
-        if self.attention_backend == "flash_attn" and block_size % attention.FLASH_BLOCK_SIZE:
-            block_size = attention.FLASH_BLOCK_SIZE
-        self.block_size = block_size
-        self.loaded: LoadedModel = load_model(self.config, self.device, attention.register())
-        self.tokenizer = self.loaded.tokenizer
-        self.max_model_len = self.loaded.max_model_len
-        shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
-        self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device)
-        self.block_manager = BlockManager(self.kv_cache.num_blocks, block_size, self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend)
+    def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None) -> None:
         self.counters = EngineCounters()
         self._sequences: dict[str, Sequence] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []  # refused or aborted, reported by the next step
         self._ids = itertools.count()
+        self._load(config or EngineConfig(), progress)
+
+    def _load(self, config: EngineConfig, progress: Progress | None) -> None:
+        """Check that ``config`` fits, then load its model and build a KV cache, scheduler and runner."""
+        fit = estimate(config)
+        if not fit.fits:
+            raise ModelLoadError(f"this configuration does not fit in memory: {fit.summary()}")
+        self.config = config
+        self.device, self.device_reason = resolve_device(config.device)
+        self.attention_backend = self._pick_backend()
+        block_size = config.block_size
+        if self.attention_backend == "flash_attn" and block_size % attention.FLASH_BLOCK_SIZE:
+            block_size = attention.FLASH_BLOCK_SIZE
+        self.block_size = block_size
+        self.loaded: LoadedModel = load_model(config, self.device, attention.register(), progress)
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = self.loaded.max_model_len
+        shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
+        self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device)
+        self.block_manager = BlockManager(self.kv_cache.num_blocks, block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend)
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -100,6 +112,43 @@ class Engine:
         seq = self._sequences.get(request_id)
         if seq is not None and not seq.finished:
             self._finish(seq, "abort", None)
+
+    def switch_model(self, config: EngineConfig, progress: Progress | None = None) -> None:
+        """Serve ``config`` from now on. Running requests end with ``finish_reason='abort'``.
+
+        A configuration that is refused up front (bad file, does not fit) leaves the current model serving
+        untouched; a load that fails later reloads the previous model. Either way the error is raised.
+        """
+        from .sources import resolve_source
+
+        resolve_source(config.model)
+        fit = estimate(config, reclaimable_bytes=self._held_bytes())
+        if not fit.fits:
+            raise ModelLoadError(f"this configuration does not fit in memory: {fit.summary()}")
+        self.abort_all(error=SWITCHED_MESSAGE)
+        previous = self.config
+        self._release()
+        try:
+            self._load(config, progress)
+        except Exception:
+            log.exception("switching to %s failed; reloading %s", config.model, previous.model)
+            self._load(previous, None)
+            raise
+
+    def estimate(self, config: EngineConfig) -> FitEstimate:
+        """Weight bytes, KV bytes per token and the context that fit for ``config``, before loading it."""
+        return estimate(config)
+
+    def _held_bytes(self) -> int:
+        return self.loaded.memory_bytes + self.kv_cache.memory_bytes
+
+    def _release(self) -> None:
+        """Drop the model and its KV cache so their memory goes back before the next load."""
+        for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer"):
+            setattr(self, name, None)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def abort_all(self, reason: str = "abort", error: str | None = None) -> None:
         """End every live request (reported by the next step)."""
@@ -148,10 +197,12 @@ class Engine:
             device=str(self.device),
             device_reason=self.device_reason,
             dtype=str(self.loaded.dtype).removeprefix("torch."),
-            quantization=self.config.quantization,
+            quantization=self.loaded.quantization,
             attention_backend=self.attention_backend,
             model_name=self.loaded.source.name,
             model_memory_bytes=self.loaded.memory_bytes,
+            peak_load_bytes=self.loaded.peak_load_bytes,
+            warnings=tuple(self.loaded.warnings),
             kv_cache_memory_bytes=self.kv_cache.memory_bytes,
             max_model_len=self.max_model_len,
         )
@@ -199,10 +250,10 @@ class Engine:
         return min(blocks_for_memory(shape, self.block_size, memory), ceiling)
 
     def _default_kv_memory(self) -> int:
+        free = available_memory(self.device)
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * CUDA_KV_SHARE)
-        return min(int(_available_system_memory() * CPU_KV_SHARE), CPU_KV_DEFAULT_CAP)
+        return min(int(free * CPU_KV_SHARE), CPU_KV_DEFAULT_CAP)
 
     def _why_it_cannot_fit(self, seq: Sequence) -> str | None:
         if seq.num_prompt_tokens == 0:
@@ -270,13 +321,3 @@ class Engine:
             metrics=RequestMetrics.of(seq),
         )
 
-
-def _available_system_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * 1024**3

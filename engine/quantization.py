@@ -1,0 +1,119 @@
+"""Weight quantisation with bitsandbytes, applied after loading by swapping linear layers one at a time.
+
+Embeddings, the output head and norms stay in the compute dtype. Each full-precision weight is freed as
+soon as its quantised replacement exists, so loading never holds two full-precision copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+INT8_OUTLIER_THRESHOLD = 6.0  # LLM.int8(): activations above this go through a float16 side path
+BITS_PER_WEIGHT = {"none": None, "int8": 8, "nf4": 4, "fp4": 4}
+
+
+def import_bitsandbytes():
+    """bitsandbytes, with its warnings about optional kernel packages silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+        import bitsandbytes
+
+    return bitsandbytes
+
+
+def quantizable_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) for every linear layer except the output head."""
+    head = model.get_output_embeddings()
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear and child is not head:
+                found.append((parent, name, child))
+    return found
+
+
+def quantize_model(
+    model: nn.Module,
+    mode: str,
+    compute_dtype: torch.dtype,
+    device: torch.device,
+    progress: Callable[[float], None] | None = None,
+) -> int:
+    """Replace the linear layers of ``model`` by bitsandbytes layers of ``mode`` on ``device``.
+
+    Returns the number of layers replaced.
+    """
+    if mode == "none":
+        return 0
+    bnb = import_bitsandbytes()
+    layers = quantizable_linears(model)
+    for i, (parent, name, linear) in enumerate(layers):
+        setattr(parent, name, _quantized(bnb, linear, mode, compute_dtype, device))
+        del linear
+        if progress:
+            progress((i + 1) / len(layers))
+    return len(layers)
+
+
+def _quantized(bnb, linear: nn.Linear, mode: str, compute_dtype: torch.dtype, device: torch.device) -> nn.Module:
+    has_bias = linear.bias is not None
+    weight = linear.weight.data
+    linear.weight = None  # drop the module's reference so the float copy can go as soon as it is quantised
+    if mode == "int8":
+        layer = bnb.nn.Linear8bitLt(
+            linear.in_features, linear.out_features, bias=has_bias, has_fp16_weights=False,
+            threshold=INT8_OUTLIER_THRESHOLD, device="meta",
+        )
+        layer.weight = bnb.nn.Int8Params(weight.to(torch.float16), requires_grad=False, has_fp16_weights=False)
+    else:
+        layer = bnb.nn.Linear4bit(
+            linear.in_features, linear.out_features, bias=has_bias, compute_dtype=compute_dtype,
+            compress_statistics=True, quant_type=mode, device="meta",
+        )
+        layer.weight = bnb.nn.Params4bit(
+            weight, requires_grad=False, quant_type=mode, compress_statistics=True, module=layer
+        )
+    if has_bias:
+        layer.bias = nn.Parameter(linear.bias.data.to(compute_dtype), requires_grad=False)
+    return layer.to(device)
+
+
+def module_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters, buffers and bitsandbytes quantisation states."""
+    seen: set[int] = set()
+    total = 0
+
+    def count(tensor: torch.Tensor | None) -> None:
+        nonlocal total
+        if tensor is None or tensor.device.type == "meta":
+            return
+        key = tensor.untyped_storage().data_ptr()
+        if key in seen:
+            return
+        seen.add(key)
+        total += tensor.untyped_storage().nbytes()
+
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        count(tensor)
+        state = getattr(tensor, "quant_state", None)
+        for extra in _quant_state_tensors(state):
+            count(extra)
+        for attr in ("SCB", "CB"):
+            count(getattr(tensor, attr, None))
+    return total
+
+
+def _quant_state_tensors(state) -> list[torch.Tensor]:
+    if state is None:
+        return []
+    tensors = [getattr(state, "absmax", None), getattr(state, "code", None), getattr(state, "offset", None)]
+    tensors += _quant_state_tensors(getattr(state, "state2", None))
+    return [t for t in tensors if isinstance(t, torch.Tensor)]
