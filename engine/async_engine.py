@@ -72,14 +72,20 @@ class RequestStream:
 class AsyncEngine:
     """The engine in a background thread; see DESIGN.md. Construction loads the model and may raise."""
 
-    def __init__(self, config: EngineConfig | None = None, *, engine_factory: Callable[[], Engine] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        progress=None,
+        engine_factory: Callable[[], Engine] | None = None,
+    ):
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, RequestStream]] = {}
         self._ids = itertools.count()
         self._stats: EngineStats | None = None
         self._stopping = False
         self._engine: Engine | None = None
-        factory = engine_factory or (lambda: Engine(config))
+        factory = engine_factory or (lambda: Engine(config, progress))
         loaded: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, args=(factory, loaded), name="kvasir-engine", daemon=True)
         self._thread.start()
@@ -109,6 +115,16 @@ class AsyncEngine:
     async def run(self, fn: Callable[[Engine], Any]) -> Any:
         """Awaitable form of :meth:`call`."""
         return await asyncio.wrap_future(self.call(fn))
+
+    async def switch_model(self, config: EngineConfig, progress=None) -> None:
+        """Switch the model on the engine thread (see :meth:`Engine.switch_model`); raises if it fails."""
+
+        def switch(engine: Engine) -> None:
+            engine.switch_model(config, progress)
+            self._dispatch(engine.step())  # deliver the aborts of interrupted requests
+            self._stats = engine.stats()
+
+        await self.run(switch)
 
     def stats(self) -> EngineStats:
         """The latest snapshot, refreshed by the engine thread; safe from any thread."""

@@ -19,6 +19,7 @@ from .errors import ModelLoadError
 from .fit import FitEstimate, estimate
 from .kv_cache import KVCache, KVShape, blocks_for_memory
 from .loader import LoadedModel, Progress, load_model
+from .memory import return_freed_memory
 from .metrics import EngineCounters, EngineStats, RequestMetrics
 from .outputs import RequestOutput
 from .runner import ModelRunner
@@ -147,6 +148,7 @@ class Engine:
         for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer"):
             setattr(self, name, None)
         gc.collect()
+        return_freed_memory()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

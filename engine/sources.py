@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +126,11 @@ def hub_snapshot(repo_id: str, download: bool) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    cache_dir = os.environ.get("HF_HUB_CACHE")  # read now, not when huggingface_hub was imported
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=True))
+        return Path(
+            snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=True, cache_dir=cache_dir)
+        )
     except LocalEntryNotFoundError:
         if not download:
             raise ModelLoadError(
@@ -134,7 +138,7 @@ def hub_snapshot(repo_id: str, download: bool) -> Path:
                 f"'python -m engine models add {repo_id}' to download it"
             ) from None
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, cache_dir=cache_dir))
     except Exception as exc:
         raise ModelLoadError(
             f"could not download {repo_id}: the Hugging Face Hub can't be reached or refused ({exc.__class__.__name__}). "

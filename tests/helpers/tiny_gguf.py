@@ -1,0 +1,96 @@
+"""Write a tiny llama model as a GGUF file with the ``gguf`` package, the way llama.cpp's converter does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def _permute_for_rope(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp stores q/k rows interleaved for its rotary kernel; transformers undoes this on load."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape
+    )
+
+
+def write_tiny_llama_gguf(model_dir: Path, path: Path, chat_template: str | None = "default") -> Path:
+    """Convert the tiny llama folder ``model_dir`` (float32 safetensors) into the GGUF file ``path``."""
+    import gguf
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tensors = load_file(model_dir / "model.safetensors")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_license("apache-2.0")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(writer, model_dir, chat_template)
+    for name, tensor in tensors.items():
+        writer.add_tensor(_gguf_name(name), _gguf_array(name, tensor, config))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _gguf_name(name: str) -> str:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    _, _, index, *rest = name.split(".")
+    module, kind = ".".join(rest[:-1]), rest[-1]
+    return f"blk.{index}.{LAYER_NAMES[module]}.{kind}"
+
+
+def _gguf_array(name: str, tensor: torch.Tensor, config: dict) -> np.ndarray:
+    if name.endswith("q_proj.weight"):
+        tensor = _permute_for_rope(tensor, config["num_attention_heads"])
+    elif name.endswith("k_proj.weight"):
+        tensor = _permute_for_rope(tensor, config["num_key_value_heads"])
+    return tensor.float().numpy()
+
+
+def _add_tokenizer(writer, model_dir: Path, chat_template: str | None) -> None:
+    spec = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    tokens = [None] * len(vocab)
+    for token, index in vocab.items():
+        tokens[index] = token
+    specials = {t["id"] for t in spec.get("added_tokens", [])}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if i in specials else 1 for i in range(len(tokens))])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(2)
+    writer.add_add_bos_token(False)
+    if chat_template == "default":
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+        chat_template = config.get("chat_template") or (model_dir / "chat_template.jinja").read_text()
+    if chat_template:
+        writer.add_chat_template(chat_template)
