@@ -12,8 +12,10 @@ from .sampling import SamplingParams
 
 
 def engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="'default', a .gguf file or a model folder")
-    parser.add_argument("--quant", default="none", choices=["none", "int8", "nf4", "fp4"])
+    parser.add_argument("--model", default="default",
+                        help="'default', a library name, a .gguf file, a model folder or a Hub repo id")
+    parser.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "nf4", "fp4"],
+                        help="auto: nf4 on CUDA, none on the CPU")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--kv-blocks", type=int, default=None, help="size of the KV pool in blocks")
@@ -44,12 +46,42 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrent", type=int, default=16)
     bench.add_argument("--tokens", type=int, default=128)
     bench.add_argument("--json", action="store_true")
+    models = commands.add_parser("models", help="the model library")
+    actions = models.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="the models in the library")
+    add = actions.add_parser("add", help="add a .gguf file, a model folder or a Hub repo id (downloaded)")
+    add.add_argument("spec")
+    remove = actions.add_parser("remove", help="forget a model (its files stay)")
+    remove.add_argument("name")
+    info = actions.add_parser("info", help="what a model is, and how it fits in each quantisation")
+    info.add_argument("name")
+    fit = actions.add_parser("fit", help="memory needed and context that fits, before loading")
+    fit.add_argument("name")
+    fit.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "nf4", "fp4"])
+    fit.add_argument("--device", default="auto")
+    fit.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    fit.add_argument("--json", action="store_true")
+    evaluate = commands.add_parser("eval-quant", help="perplexity, memory and speed of each quantisation")
+    evaluate.add_argument("--model", default="default")
+    evaluate.add_argument("--device", default="auto")
+    evaluate.add_argument("--modes", default="none,int8,nf4,fp4")
+    evaluate.add_argument("--json", action="store_true")
     return parser
+
+
+def model_spec(name_or_spec: str) -> str:
+    """A library name becomes the setting that loads it; anything else is passed through."""
+    from .library import ModelLibrary
+
+    for entry in ModelLibrary().entries():
+        if entry.name == name_or_spec:
+            return entry.spec
+    return name_or_spec
 
 
 def config_from(args) -> EngineConfig:
     return EngineConfig(
-        model=args.model, quantization=args.quant, dtype=args.dtype, device=args.device, num_kv_blocks=args.kv_blocks
+        model=model_spec(args.model), quantization=args.quant, dtype=args.dtype, device=args.device, num_kv_blocks=args.kv_blocks
     )
 
 
@@ -132,10 +164,59 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_models(args) -> int:
+    from .library import ModelLibrary
+
+    library = ModelLibrary()
+    if args.action == "list":
+        print(f"{'name':32} {'architecture':12} {'parameters':>11} {'context':>8} {'on disk':>9}  source")
+        for e in library.entries():
+            i = e.info
+            print(f"{e.name:32} {i.architecture:12} {i.parameter_count / 1e6:10.1f}M {i.context_length:8,} "
+                  f"{i.size_on_disk / 1024**2:7.0f}MB  {e.spec}")
+    elif args.action == "add":
+        entry = library.add(args.spec)
+        print(f"added {entry.name} ({entry.info.architecture}, {entry.info.parameter_count / 1e6:.1f}M parameters)")
+    elif args.action == "remove":
+        print(f"removed {library.remove(args.name).name} (its files were left where they are)")
+    elif args.action == "info":
+        entry = library.get(args.name)
+        for key, value in entry.info.to_dict().items():
+            print(f"{key:24} {value}")
+        for mode in ("none", "int8", "nf4", "fp4"):
+            print(f"fit {mode:20} {estimate_for(entry.spec, mode, 'auto', 'auto').summary()}")
+    elif args.action == "fit":
+        fit = estimate_for(library.get(args.name).spec, args.quant, args.device, args.dtype)
+        print(json.dumps(fit.to_dict()) if args.json else fit.summary())
+        return 0 if fit.fits else 1
+    return 0
+
+
+def estimate_for(spec: str, quant: str, device: str, dtype: str):
+    from .fit import estimate
+
+    return estimate(EngineConfig(model=spec, quantization=quant, device=device, dtype=dtype))
+
+
+def cmd_eval_quant(args) -> int:
+    from .evaluation import evaluate, markdown_table, to_json
+
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    results = evaluate(model_spec(args.model), args.device, modes, progress=lambda m: print(m, file=sys.stderr))
+    from .devices import resolve_device
+
+    print(markdown_table(results, args.model, str(resolve_device(args.device)[0])))
+    if args.json:
+        print(to_json(results))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "models": cmd_models,
+                "eval-quant": cmd_eval_quant}
     try:
-        return {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench}[args.command](args)
+        return commands[args.command](args)
     except (EngineError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

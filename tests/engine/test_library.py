@@ -1,0 +1,101 @@
+"""The model library and its command line: add, list, info, fit, remove; and eval-quant's measures."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, ModelLoadError
+from engine.__main__ import main
+from engine.evaluation import evaluate, perplexity
+from engine.library import ModelLibrary
+
+
+@pytest.fixture
+def library(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
+    return ModelLibrary()
+
+
+def test_default_model_is_always_listed(library):
+    (entry,) = library.entries()
+    assert entry.builtin and entry.spec == "default"
+    info = entry.info
+    assert (info.architecture, info.context_length, info.licence) == ("llama", 8192, "apache-2.0")
+    assert 130e6 < info.parameter_count < 140e6 and info.size_on_disk > 90e6
+
+
+def test_add_describes_the_model_and_persists(library, tiny_model_dirs):
+    entry = library.add(str(tiny_model_dirs["qwen3"]))
+    assert entry.name == "qwen3" and entry.info.architecture == "qwen3"
+    assert entry.info.num_layers == 2 and entry.info.num_kv_heads == 1 and entry.info.head_dim == 32
+    engine = Engine(EngineConfig(model=entry.spec, num_kv_blocks=16))
+    assert engine.stats().model_name == "qwen3"
+    assert entry.info.parameter_count == sum(p.numel() for p in engine.loaded.model.parameters())
+    again = ModelLibrary()  # a new instance reads the file
+    assert [e.name for e in again.entries()] == ["SmolLM2-135M-Instruct", "qwen3"]
+    assert library.add(str(tiny_model_dirs["qwen3"])).name == "qwen3"  # adding twice changes nothing
+    assert len(library.entries()) == 2
+
+
+def test_names_stay_unique_and_remove_forgets(library, tiny_model_dirs, tmp_path):
+    import shutil
+
+    copy = tmp_path / "other" / "qwen3"
+    shutil.copytree(tiny_model_dirs["qwen3"], copy)
+    library.add(str(tiny_model_dirs["qwen3"]))
+    assert library.add(str(copy)).name == "qwen3-2"
+    library.remove("qwen3")
+    assert [e.name for e in library.entries()] == ["SmolLM2-135M-Instruct", "qwen3-2"]
+    assert copy.is_dir()  # files are left alone
+    with pytest.raises(ModelLoadError, match="can't be removed"):
+        library.remove("SmolLM2-135M-Instruct")
+    with pytest.raises(ModelLoadError, match="no model named 'nope'"):
+        library.get("nope")
+
+
+def test_bad_model_is_not_added(library, tmp_path):
+    (tmp_path / "weights.pt").write_bytes(b"pickle")
+    with pytest.raises(ModelLoadError, match="pickle"):
+        library.add(str(tmp_path / "weights.pt"))
+    assert len(library.entries()) == 1
+
+
+def test_models_cli(library, tiny_model_dirs, capsys):
+    assert main(["models", "add", str(tiny_model_dirs["llama"])]) == 0
+    assert "added llama (llama" in capsys.readouterr().out
+    assert main(["models", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct" in listing and "llama" in listing
+    assert main(["models", "fit", "llama", "--quant", "nf4", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["quantization"] == "nf4" and fit["fits"] and fit["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    assert main(["models", "info", "llama"]) == 0
+    assert "fit nf4" in capsys.readouterr().out
+    assert main(["models", "remove", "llama"]) == 0
+    assert main(["models", "info", "llama"]) == 2
+
+
+def test_perplexity_matches_a_direct_computation(tiny_llama):
+    engine = Engine(EngineConfig(model=str(tiny_llama), num_kv_blocks=16))
+    text = "the river runs to the sea and the sea runs to the sky " * 30
+    ids = torch.tensor([engine.tokenizer.encode(text, add_special_tokens=False)])
+    model = engine.loaded.model
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        logits = model(ids).logits[0, :-1]
+    model.set_attn_implementation(previous)
+    direct = math.exp(torch.nn.functional.cross_entropy(logits, ids[0, 1:]).item())
+    assert perplexity(engine, text, window=1024, stride=512) == pytest.approx(direct, rel=1e-4)
+    windowed = perplexity(engine, text, window=64, stride=32)  # less context per token, so a different value
+    assert windowed != pytest.approx(direct, rel=1e-6) and windowed > 1
+
+
+def test_eval_quant_measures_each_mode(tiny_model_dirs):
+    results = evaluate(str(tiny_model_dirs["llama"]), "cpu", ("none", "nf4"), progress=lambda m: None)
+    assert [r.mode for r in results] == ["none", "nf4"]
+    assert results[1].weight_bytes < results[0].weight_bytes
+    assert all(r.perplexity > 1 and r.decode_tokens_per_s > 0 for r in results)
+    assert results[0].perplexity != results[1].perplexity
