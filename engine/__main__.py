@@ -81,7 +81,11 @@ def model_spec(name_or_spec: str) -> str:
 
 def config_from(args) -> EngineConfig:
     return EngineConfig(
-        model=model_spec(args.model), quantization=args.quant, dtype=args.dtype, device=args.device, num_kv_blocks=args.kv_blocks
+        model=model_spec(args.model),
+        quantization=args.quant,
+        dtype=args.dtype,
+        device=args.device,
+        num_kv_blocks=args.kv_blocks,
     )
 
 
@@ -118,7 +122,8 @@ def cmd_generate(args) -> int:
     from .engine import Engine
 
     engine = Engine(config_from(args))
-    out = stream_reply(engine, messages_with_system(args, [{"role": "user", "content": args.prompt}]), params_from(args))
+    messages = messages_with_system(args, [{"role": "user", "content": args.prompt}])
+    out = stream_reply(engine, messages, params_from(args))
     if args.json:
         print(json.dumps(metrics_line(out)))
     if out.error:

@@ -29,13 +29,13 @@ STATS_INTERVAL_S = 0.05
 class RequestStream:
     """Async iterator over one request's outputs. Leaving it early, or cancelling, aborts the request."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
         self.request_id = request_id
         self._engine = engine
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._done = False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:

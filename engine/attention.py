@@ -37,8 +37,9 @@ class GroupMetadata:
         if groups == 1 or self.mask is None:
             return self.mask
         if groups not in self._gqa_masks:
-            b, _, q, l = self.mask.shape
-            self._gqa_masks[groups] = self.mask.unsqueeze(2).expand(b, 1, groups, q, l).reshape(b, 1, groups * q, l)
+            batch, _, queries, keys = self.mask.shape
+            expanded = self.mask.unsqueeze(2).expand(batch, 1, groups, queries, keys)
+            self._gqa_masks[groups] = expanded.reshape(batch, 1, groups * queries, keys)
         return self._gqa_masks[groups]
 
 

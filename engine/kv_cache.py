@@ -21,7 +21,7 @@ class KVShape:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
 
     @classmethod
-    def from_config(cls, config, dtype: torch.dtype) -> "KVShape":
+    def from_config(cls, config, dtype: torch.dtype) -> KVShape:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads

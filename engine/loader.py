@@ -64,8 +64,9 @@ def load_model(
         max_model_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
         check_supported(model.config, max_model_len)
         if quantization != "none":
-            report(0.6, f"quantising to {quantization}")
-            quantize_model(model, quantization, dtype, device, lambda f: report(0.6 + 0.35 * f, f"quantising to {quantization}"))
+            phrase = f"quantising to {quantization}"
+            report(0.6, phrase)
+            quantize_model(model, quantization, dtype, device, lambda f: report(0.6 + 0.35 * f, phrase))
         report(0.95, f"moving to {device}")
         model = model.to(device).eval()
     report(1.0, "ready")

@@ -24,7 +24,7 @@ class RequestMetrics:
     decode_tokens_per_s: float | None
 
     @classmethod
-    def of(cls, seq: Sequence) -> "RequestMetrics":
+    def of(cls, seq: Sequence) -> RequestMetrics:
         queue = None if seq.first_scheduled_time is None else seq.first_scheduled_time - seq.arrival_time
         ttft = None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time
         rate = None

@@ -141,6 +141,7 @@ def hub_snapshot(repo_id: str, download: bool) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, cache_dir=cache_dir))
     except Exception as exc:
         raise ModelLoadError(
-            f"could not download {repo_id}: the Hugging Face Hub can't be reached or refused ({exc.__class__.__name__}). "
+            f"could not download {repo_id}: the Hugging Face Hub can't be reached or refused "
+            f"({exc.__class__.__name__}). "
             "Check the network, or copy the model folder to this machine and add the folder."
         ) from exc

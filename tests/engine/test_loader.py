@@ -1,6 +1,5 @@
 """Model sources and the architectures the engine refuses."""
 
-import json
 
 import pytest
 from transformers import AutoConfig

@@ -120,7 +120,7 @@ def test_stats_invariant_after_every_step_of_a_random_run(tiny_llama):
     rng = random.Random(11)
     system = "You are a careful assistant. " * 6
     live = []
-    for step in range(150):
+    for _ in range(150):
         if rng.random() < 0.3:
             text = system + " ".join(str(rng.randrange(100)) for _ in range(rng.randrange(1, 30)))
             params = SamplingParams(max_tokens=rng.randrange(1, 40), temperature=rng.choice([0.0, 0.7]))

@@ -58,6 +58,7 @@ def test_shared_system_prompt_and_second_turn_come_from_cache(default_engine):
 
 def test_default_model_answers_sensibly(default_engine):
     out = default_engine.generate(
-        [[{"role": "user", "content": "What is the capital of France?"}]], SamplingParams(max_tokens=20, temperature=0.0)
+        [[{"role": "user", "content": "What is the capital of France?"}]],
+        SamplingParams(max_tokens=20, temperature=0.0),
     )[0]
     assert "Paris" in out.text and out.finish_reason == "stop"

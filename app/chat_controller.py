@@ -1,0 +1,108 @@
+"""Sending messages and streaming replies into the store; several conversations may generate at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from PySide6.QtCore import QObject, Signal
+
+from engine import SamplingParams
+
+from .bridge import EngineBridge
+from .store import Message, Store
+
+SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
+STATUS_OF = {"stop": "complete", "length": "complete", "abort": "stopped", "error": "error"}
+DEFAULT_SAMPLING = {"max_tokens": 512, "temperature": 0.7, "top_p": 0.95}
+
+
+class ChatController(QObject):
+    """Turns user actions into engine requests and store writes; views listen to its signals."""
+
+    reply_started = Signal(int, int)  # conversation id, reply message id
+    reply_delta = Signal(int, int, str)  # conversation id, reply message id, the text so far
+    reply_finished = Signal(int, object)  # conversation id, the stored Message
+    error = Signal(str)
+
+    def __init__(self, store: Store, bridge: EngineBridge, parent=None) -> None:
+        super().__init__(parent)
+        self.store, self.bridge = store, bridge
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.streaming: dict[int, dict[int, str]] = {}  # conversation -> reply id -> text so far
+
+    def is_generating(self, conversation_id: int) -> bool:
+        return conversation_id in self.tasks
+
+    def send(self, conversation_id: int, text: str) -> asyncio.Task:
+        """Add the user's message to the thread and start the reply."""
+        head = self.store.conversation(conversation_id).head_id
+        if not self.store.thread(conversation_id):
+            self.store.update_conversation(conversation_id, title=_title_from(text))
+        user = self.store.add_message(conversation_id, "user", text, parent_id=head)
+        return self._start(conversation_id, user.id)
+
+    def stop(self, conversation_id: int) -> None:
+        task = self.tasks.get(conversation_id)
+        if task is not None:
+            task.cancel()
+
+    def messages_for_model(self, conversation_id: int, upto: list[Message] | None = None) -> list[dict]:
+        conv = self.store.conversation(conversation_id)
+        thread = upto if upto is not None else self.store.thread(conversation_id)
+        system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        return system + [{"role": m.role, "content": m.text} for m in thread if m.text or m.role == "user"]
+
+    def sampling_for(self, conversation_id: int) -> SamplingParams:
+        settings = {**DEFAULT_SAMPLING, **self.store.conversation(conversation_id).settings}
+        return SamplingParams(**{k: v for k, v in settings.items() if k in SamplingParams.__slots__})
+
+    def _start(self, conversation_id: int, parent_id: int) -> asyncio.Task:
+        task = asyncio.ensure_future(self._generate(conversation_id, parent_id))
+        self.tasks[conversation_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(conversation_id, None))
+        return task
+
+    async def _generate(self, conversation_id: int, parent_id: int) -> Message:
+        messages = self.messages_for_model(conversation_id)
+        stats = self.bridge.stats()
+        reply = self.store.add_message(conversation_id, "assistant", "", parent_id=parent_id, status="partial",
+                                       model=stats.model_name if stats else None,
+                                       quantization=stats.quantization if stats else None)
+        live = self.streaming.setdefault(conversation_id, {})
+        live[reply.id] = ""
+        self.reply_started.emit(conversation_id, reply.id)
+        text, last, status, error, saved = "", None, "stopped", None, time.monotonic()
+        try:
+            async for out in self.bridge.stream(messages, self.sampling_for(conversation_id)):
+                text, last = out.text, out
+                live[reply.id] = text
+                self.reply_delta.emit(conversation_id, reply.id, text)
+                if time.monotonic() - saved > SAVE_INTERVAL_S:
+                    self.store.update_message(reply.id, text=text)
+                    saved = time.monotonic()
+            status, error = STATUS_OF[last.finish_reason], last.error
+        except asyncio.CancelledError:
+            status = "stopped"
+        except Exception as exc:  # the engine refused the request: say why, keep what arrived
+            status, error = "error", str(exc)
+        finally:
+            live.pop(reply.id, None)
+            metrics = _metrics(last)
+            stored = self.store.update_message(reply.id, text=text, status=status, error=error, stats=metrics)
+            self.reply_finished.emit(conversation_id, stored)
+        return stored
+
+
+def _metrics(out) -> dict:
+    if out is None:
+        return {}
+    m = out.metrics
+    return {"ttft_s": m.ttft_s, "queue_time_s": m.queue_time_s, "prompt_tokens": m.prompt_tokens,
+            "cached_prompt_tokens": m.cached_prompt_tokens, "output_tokens": m.output_tokens,
+            "decode_tokens_per_s": m.decode_tokens_per_s}
+
+
+def _title_from(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "New chat"
+    return line if len(line) <= 48 else line[:47] + "…"

@@ -1,0 +1,113 @@
+"""The conversation on screen: messages rendered from Markdown, with each reply's numbers underneath."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QTextBrowser
+
+from .markdown import MarkdownRenderer
+from .store import Message
+
+RENDER_INTERVAL_MS = 50  # at most 20 redraws a second while tokens stream in
+STATUS_NOTES = {
+    "stopped": "Stopped — the text above is what had arrived.",
+    "partial": "Interrupted — the app closed while this reply was being written.",
+    "error": "Failed",
+}
+
+
+def stats_line(message: Message) -> str:
+    """'TTFT 120 ms · 48 tokens · 21.3 tok/s · 380 of 412 prompt tokens from cache'."""
+    s = message.stats
+    if not s:
+        return ""
+    parts = []
+    if s.get("ttft_s") is not None:
+        parts.append(f"TTFT {s['ttft_s'] * 1000:.0f} ms")
+    parts.append(f"{s.get('output_tokens', 0)} tokens")
+    if s.get("decode_tokens_per_s"):
+        parts.append(f"{s['decode_tokens_per_s']:.1f} tok/s")
+    if s.get("prompt_tokens"):
+        parts.append(f"{s.get('cached_prompt_tokens', 0):,} of {s['prompt_tokens']:,} prompt tokens from cache")
+    return " · ".join(parts)
+
+
+class ChatView(QTextBrowser):
+    """Renders a thread. ``show_thread`` replaces it; ``update_streaming`` redraws the live reply, throttled."""
+
+    copied = Signal(str)
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(self._link)
+        self.renderer = MarkdownRenderer()
+        self._messages: list[Message] = []
+        self._streaming: dict[int, str] = {}
+        self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
+        self._timer.timeout.connect(self._render)
+
+    def set_dark(self, dark: bool) -> None:
+        self.renderer.dark = dark
+        self._render()
+
+    def show_thread(self, messages: list[Message], streaming: dict[int, str] | None = None) -> None:
+        self._messages = list(messages)
+        self._streaming = dict(streaming or {})
+        self._render()
+
+    def update_streaming(self, message_id: int, text: str) -> None:
+        self._streaming[message_id] = text
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def message_text(self, index: int) -> str:
+        message = self._messages[index]
+        return self._streaming.get(message.id, message.text)
+
+    def _render(self) -> None:
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        self.renderer.begin_document()
+        parts = [self._message_html(i, m) for i, m in enumerate(self._messages)]
+        if not parts:
+            parts.append('<p style="color:#888888; margin-top:40px;" align="center">Say something to start.</p>')
+        self.setHtml("".join(parts))
+        if at_bottom:
+            bar.setValue(bar.maximum())
+
+    def _message_html(self, index: int, message: Message) -> str:
+        who = "You" if message.role == "user" else "Kvasir"
+        text = self._streaming.get(message.id, message.text)
+        body = html.escape(text).replace("\n", "<br>") if message.role == "user" else self.renderer.render(text)
+        footer = [f'<a href="copymsg:{index}">Copy</a>']
+        if message.role == "assistant":
+            live = message.id in self._streaming
+            note = "Writing…" if live and message.status == "partial" else STATUS_NOTES.get(message.status, "")
+            if message.status == "error" and message.error:
+                note = f"Failed: {html.escape(message.error)}"
+            details = stats_line(message)
+            footer = [x for x in (details, note, *footer) if x]
+        color = "#4a7bd0" if message.role == "user" else "#3a9a6a"
+        return (
+            f'<div style="margin: 10px 6px 2px 6px;"><b style="color:{color};">{who}</b></div>'
+            f'<div style="margin: 0 6px;">{body}</div>'
+            f'<div style="margin: 2px 6px 8px 6px; color:#888888; font-size:small;">{" · ".join(footer)}</div>'
+        )
+
+    def _link(self, url: QUrl) -> None:
+        target = url.toString()
+        if target.startswith("copy:"):
+            text = self.renderer.code_blocks[int(target.split(":", 1)[1])]
+        elif target.startswith("copymsg:"):
+            text = self.message_text(int(target.split(":", 1)[1]))
+        else:
+            from PySide6.QtGui import QDesktopServices
+
+            QDesktopServices.openUrl(url)
+            return
+        QGuiApplication.clipboard().setText(text)
+        self.copied.emit(text)

@@ -1,0 +1,227 @@
+"""The main window: top bar (model, quantisation, device), sidebar, chat, composer and the live panel."""
+
+from __future__ import annotations
+
+import asyncio
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import EngineConfig, EngineStats
+from engine.library import ModelLibrary
+
+from .bridge import EngineBridge
+from .chat_controller import ChatController
+from .chat_view import ChatView
+from .composer import Composer
+from .conversation_list import ConversationSidebar
+from .metrics_panel import MetricsPanel
+from .store import Message, Store
+
+QUANT_MODES = ["auto", "none", "int8", "nf4", "fp4"]
+
+
+class MainWindow(QMainWindow):
+    """Wires the parts together; the logic lives in the controller, the bridge and the store."""
+
+    def __init__(self, store: Store, bridge: EngineBridge, library: ModelLibrary | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("Kvasir")
+        self.store, self.bridge = store, bridge
+        self.library = library or ModelLibrary()
+        self.controller = ChatController(store, bridge, self)
+        self.current: int | None = None
+        self._build()
+        self._connect()
+        self._shortcuts()
+        self._restore_geometry()
+        conversations = store.conversations()
+        self.open_conversation(conversations[0].id if conversations else store.create_conversation().id)
+
+    # -- layout -------------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.model_box = QComboBox()
+        self.model_box.setToolTip("Model (Ctrl+K)")
+        self.model_box.setMinimumWidth(220)
+        for entry in self.library.entries():
+            self.model_box.addItem(entry.name, entry.spec)
+        self.quant_box = QComboBox()
+        self.quant_box.addItems(QUANT_MODES)
+        self.quant_box.setToolTip("Quantisation: auto is nf4 on a GPU, none on the CPU")
+        self.progress = QProgressBar(maximumWidth=220, textVisible=True)
+        self.progress.hide()
+        self.device_label = QLabel("loading…")
+        self.device_label.setObjectName("deviceLabel")
+        self.panel_button = QPushButton("Engine panel", checkable=True, checked=True)
+        top = QHBoxLayout()
+        top.setContentsMargins(8, 6, 8, 0)
+        for widget in (QLabel("Model"), self.model_box, self.quant_box, self.progress):
+            top.addWidget(widget)
+        top.addStretch(1)
+        top.addWidget(self.device_label)
+        top.addWidget(self.panel_button)
+
+        self.sidebar = ConversationSidebar(self.store)
+        self.chat = ChatView()
+        self.composer = Composer()
+        center = QWidget()
+        center_layout = QVBoxLayout(center)
+        center_layout.setContentsMargins(0, 0, 0, 0)
+        center_layout.addWidget(self.chat, 1)
+        center_layout.addWidget(self.composer)
+        self.panel = MetricsPanel()
+        self.splitter = QSplitter(Qt.Horizontal)
+        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panel, 0)):
+            self.splitter.addWidget(widget)
+            self.splitter.setStretchFactor(self.splitter.indexOf(widget), stretch)
+        self.splitter.setSizes([230, 650, 300])
+        root = QWidget()
+        layout = QVBoxLayout(root)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(top)
+        layout.addWidget(self.splitter, 1)
+        self.setCentralWidget(root)
+        self.resize(1280, 800)
+
+    def _connect(self) -> None:
+        self.sidebar.selected.connect(self.open_conversation)
+        self.sidebar.new_requested.connect(self.new_conversation)
+        self.composer.send.connect(self.send)
+        self.composer.stop.connect(self.stop)
+        self.controller.reply_started.connect(self._reply_started)
+        self.controller.reply_delta.connect(self._reply_delta)
+        self.controller.reply_finished.connect(self._reply_finished)
+        self.bridge.load_progress.connect(self._load_progress)
+        self.bridge.loaded.connect(self._loaded)
+        self.bridge.load_failed.connect(self._load_failed)
+        self.bridge.stats_updated.connect(self._stats)
+        self.panel_button.toggled.connect(self.panel.setVisible)
+        self.model_box.activated.connect(lambda _: self._switch())
+        self.quant_box.activated.connect(lambda _: self._switch())
+
+    def _shortcuts(self) -> None:
+        bindings = {
+            "Ctrl+N": self.new_conversation,
+            "Escape": self.stop,
+            "Ctrl+F": lambda: self.sidebar.search.setFocus(),
+            "Ctrl+K": lambda: (self.model_box.setFocus(), self.model_box.showPopup()),
+            "Ctrl+L": lambda: self.composer.edit.setFocus(),
+        }
+        for keys, action in bindings.items():
+            QShortcut(QKeySequence(keys), self, activated=action)
+
+    # -- actions ------------------------------------------------------------------------------------
+
+    def open_conversation(self, conversation_id: int) -> None:
+        self.current = conversation_id
+        self.sidebar.select(conversation_id)
+        self._refresh_chat()
+        self.composer.set_generating(self.controller.is_generating(conversation_id))
+        self.composer.edit.setFocus()
+
+    def new_conversation(self) -> None:
+        conv = self.store.create_conversation()
+        self.sidebar.model.refresh()
+        self.open_conversation(conv.id)
+
+    def send(self, text: str) -> asyncio.Task | None:
+        if not self.bridge.ready:
+            self.statusBar().showMessage("The model is still loading; your message is kept in the box.", 4000)
+            return None
+        self.composer.clear()
+        task = self.controller.send(self.current, text)
+        self.sidebar.model.refresh()
+        self.sidebar.select(self.current)
+        return task
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.controller.stop(self.current)
+
+    def _switch(self) -> None:
+        config = EngineConfig(model=self.model_box.currentData(), quantization=self.quant_box.currentText())
+        self.progress.show()
+        asyncio.ensure_future(self.bridge.switch(config))
+
+    # -- updates ------------------------------------------------------------------------------------
+
+    def _refresh_chat(self) -> None:
+        self.chat.show_thread(self.store.thread(self.current), self.controller.streaming.get(self.current, {}))
+
+    def _reply_started(self, conversation_id: int, reply_id: int) -> None:
+        if conversation_id == self.current:
+            self.composer.set_generating(True)
+            self._refresh_chat()
+
+    def _reply_delta(self, conversation_id: int, reply_id: int, text: str) -> None:
+        if conversation_id == self.current:
+            self.chat.update_streaming(reply_id, text)
+
+    def _reply_finished(self, conversation_id: int, message: Message) -> None:
+        if message.stats.get("ttft_s") is not None:
+            self.panel.record_ttft(message.stats["ttft_s"])
+        if conversation_id == self.current:
+            self.composer.set_generating(False)
+            self._refresh_chat()
+        self.sidebar.model.refresh()
+        if self.current is not None:
+            self.sidebar.select(self.current)
+
+    def _load_progress(self, fraction: float, phrase: str) -> None:
+        self.progress.show()
+        self.progress.setValue(int(fraction * 100))
+        self.progress.setFormat(f"{phrase} %p%")
+
+    def _loaded(self, stats: EngineStats) -> None:
+        self.progress.hide()
+        self._stats(stats)
+        self.statusBar().showMessage(f"{stats.model_name} is ready", 4000)
+        for warning in stats.warnings:
+            self.statusBar().showMessage(f"Note: {warning}", 8000)
+
+    def _load_failed(self, message: str) -> None:
+        self.progress.hide()
+        self.statusBar().showMessage(f"Could not load the model: {message}", 15000)
+
+    def _stats(self, stats: EngineStats) -> None:
+        self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")
+        if self.panel.isVisible():
+            self.panel.update_stats(stats)
+        if self.current is not None and self.bridge.ready:
+            self._update_context_meter(stats)
+
+    def _update_context_meter(self, stats: EngineStats) -> None:
+        try:
+            used = self.bridge.count_tokens(self.controller.messages_for_model(self.current))
+        except Exception:
+            return
+        self.composer.set_context(used, stats.max_model_len)
+
+    # -- window state -------------------------------------------------------------------------------
+
+    def _restore_geometry(self) -> None:
+        settings = QSettings("Kvasir", "Kvasir")
+        if settings.value("geometry"):
+            self.restoreGeometry(settings.value("geometry"))
+        if settings.value("splitter"):
+            self.splitter.restoreState(settings.value("splitter"))
+
+    def closeEvent(self, event) -> None:
+        settings = QSettings("Kvasir", "Kvasir")
+        settings.setValue("geometry", self.saveGeometry())
+        settings.setValue("splitter", self.splitter.saveState())
+        for task in list(self.controller.tasks.values()):
+            task.cancel()
+        super().closeEvent(event)

@@ -1,0 +1,257 @@
+"""Conversations and messages in SQLite (WAL, versioned schema, forward migrations). No Qt in here.
+
+Messages form a tree: editing a message or regenerating a reply adds a sibling under the same parent, and the
+conversation's ``head_id`` names the leaf of the branch on screen. Older branches stay, so the user can go
+back to them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        created REAL NOT NULL,
+        updated REAL NOT NULL,
+        pinned INTEGER NOT NULL DEFAULT 0,
+        deleted REAL,
+        system_prompt TEXT NOT NULL DEFAULT '',
+        preset TEXT,
+        settings TEXT NOT NULL DEFAULT '{}',
+        head_id INTEGER
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+        text TEXT NOT NULL,
+        created REAL NOT NULL,
+        model TEXT,
+        quantization TEXT,
+        stats TEXT NOT NULL DEFAULT '{}',
+        status TEXT NOT NULL DEFAULT 'complete' CHECK (status IN ('complete', 'partial', 'stopped', 'error')),
+        error TEXT
+    );
+    CREATE INDEX messages_by_conversation ON messages(conversation_id, parent_id);
+    """,
+}
+
+
+@dataclass(slots=True)
+class Message:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: str
+    text: str
+    created: float
+    model: str | None = None
+    quantization: str | None = None
+    stats: dict = field(default_factory=dict)
+    status: str = "complete"
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Conversation:
+    id: int
+    title: str
+    created: float
+    updated: float
+    pinned: bool = False
+    system_prompt: str = ""
+    preset: str | None = None
+    settings: dict = field(default_factory=dict)
+    head_id: int | None = None
+
+
+class StoreError(Exception):
+    """The database can't be used (for example, it was written by a newer Kvasir)."""
+
+
+class Store:
+    """All reads and writes of the chat database."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self._db.close()
+
+    @property
+    def schema_version(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- conversations ------------------------------------------------------------------------------
+
+    def create_conversation(self, title: str = "New chat", system_prompt: str = "", preset: str | None = None,
+                            settings: dict | None = None) -> Conversation:
+        now = time.time()
+        cursor = self._db.execute(
+            "INSERT INTO conversations (title, created, updated, system_prompt, preset, settings) VALUES (?,?,?,?,?,?)",
+            (title, now, now, system_prompt, preset, json.dumps(settings or {})),
+        )
+        return self.conversation(cursor.lastrowid)
+
+    def conversation(self, conversation_id: int) -> Conversation:
+        row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            raise KeyError(conversation_id)
+        return _conversation(row)
+
+    def conversations(self) -> list[Conversation]:
+        """Live conversations: pinned first, then the most recently updated."""
+        rows = self._db.execute(
+            "SELECT * FROM conversations WHERE deleted IS NULL ORDER BY pinned DESC, updated DESC, id DESC"
+        )
+        return [_conversation(r) for r in rows]
+
+    def update_conversation(self, conversation_id: int, **fields) -> Conversation:
+        allowed = {"title", "pinned", "system_prompt", "preset", "settings", "head_id"}
+        if not fields.keys() <= allowed:
+            raise ValueError(f"unknown fields: {sorted(fields.keys() - allowed)}")
+        if "settings" in fields:
+            fields["settings"] = json.dumps(fields["settings"])
+        assignments = ", ".join(f"{key} = ?" for key in fields)
+        self._db.execute(
+            f"UPDATE conversations SET {assignments}, updated = ? WHERE id = ?",
+            (*fields.values(), time.time(), conversation_id),
+        )
+        return self.conversation(conversation_id)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Hide a conversation; :meth:`undelete_conversation` brings it back until :meth:`purge_deleted`."""
+        self._db.execute("UPDATE conversations SET deleted = ? WHERE id = ?", (time.time(), conversation_id))
+
+    def undelete_conversation(self, conversation_id: int) -> None:
+        self._db.execute("UPDATE conversations SET deleted = NULL WHERE id = ?", (conversation_id,))
+
+    def purge_deleted(self) -> int:
+        return self._db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL").rowcount
+
+    # -- messages -----------------------------------------------------------------------------------
+
+    def add_message(self, conversation_id: int, role: str, text: str, parent_id: int | None = None,
+                    **extra) -> Message:
+        """Append a message under ``parent_id`` and make it the conversation's head."""
+        now = time.time()
+        with self._transaction():
+            cursor = self._db.execute(
+                "INSERT INTO messages (conversation_id, parent_id, role, text, created, model, quantization, stats,"
+                " status, error) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (conversation_id, parent_id, role, text, now, extra.get("model"), extra.get("quantization"),
+                 json.dumps(extra.get("stats", {})), extra.get("status", "complete"), extra.get("error")),
+            )
+            self._db.execute("UPDATE conversations SET head_id = ?, updated = ? WHERE id = ?",
+                             (cursor.lastrowid, now, conversation_id))
+        return self.message(cursor.lastrowid)
+
+    def update_message(self, message_id: int, **fields) -> Message:
+        allowed = {"text", "stats", "status", "error", "model", "quantization"}
+        if not fields.keys() <= allowed:
+            raise ValueError(f"unknown fields: {sorted(fields.keys() - allowed)}")
+        if "stats" in fields:
+            fields["stats"] = json.dumps(fields["stats"])
+        assignments = ", ".join(f"{key} = ?" for key in fields)
+        self._db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*fields.values(), message_id))
+        return self.message(message_id)
+
+    def message(self, message_id: int) -> Message:
+        row = self._db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise KeyError(message_id)
+        return _message(row)
+
+    def thread(self, conversation_id: int) -> list[Message]:
+        """The messages on screen: from the first one down to the conversation's head."""
+        head = self.conversation(conversation_id).head_id
+        rows = self._db.execute(
+            """WITH RECURSIVE chain(id) AS (SELECT ? UNION ALL
+                   SELECT m.parent_id FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent_id IS NOT NULL)
+               SELECT messages.* FROM messages JOIN chain ON messages.id = chain.id""",
+            (head,),
+        ).fetchall()
+        return sorted((_message(r) for r in rows), key=lambda m: (m.created, m.id))
+
+    def siblings(self, message_id: int) -> list[Message]:
+        """Versions of a message: the messages with the same parent and role, oldest first."""
+        msg = self.message(message_id)
+        rows = self._db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? AND role = ? ORDER BY created, id",
+            (msg.conversation_id, msg.parent_id, msg.role),
+        )
+        return [_message(r) for r in rows]
+
+    def select_branch(self, message_id: int) -> None:
+        """Show the branch through ``message_id``: its newest descendant along the latest children."""
+        leaf = message_id
+        while True:
+            row = self._db.execute(
+                "SELECT id FROM messages WHERE parent_id = ? ORDER BY created DESC, id DESC LIMIT 1", (leaf,)
+            ).fetchone()
+            if row is None:
+                break
+            leaf = row["id"]
+        msg = self.message(message_id)
+        self.update_conversation(msg.conversation_id, head_id=leaf)
+
+    def search(self, query: str, limit: int = 50) -> list[tuple[Conversation, Message]]:
+        """Messages containing ``query`` (case-insensitive), newest first."""
+        pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._db.execute(
+            """SELECT m.id AS mid, c.id AS cid FROM messages m JOIN conversations c ON c.id = m.conversation_id
+               WHERE c.deleted IS NULL AND (m.text LIKE ? ESCAPE '\\' OR c.title LIKE ? ESCAPE '\\')
+               ORDER BY m.created DESC LIMIT ?""",
+            (pattern, pattern, limit),
+        ).fetchall()
+        return [(self.conversation(r["cid"]), self.message(r["mid"])) for r in rows]
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        current = self.schema_version
+        if current > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} was written by a newer Kvasir (schema {current} > {SCHEMA_VERSION})")
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            with self._transaction():
+                for statement in MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {version}")
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(row["id"], row["title"], row["created"], row["updated"], bool(row["pinned"]),
+                        row["system_prompt"], row["preset"], json.loads(row["settings"]), row["head_id"])
+
+
+def _message(row: sqlite3.Row) -> Message:
+    return Message(row["id"], row["conversation_id"], row["parent_id"], row["role"], row["text"], row["created"],
+                   row["model"], row["quantization"], json.loads(row["stats"]), row["status"], row["error"])

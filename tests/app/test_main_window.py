@@ -1,0 +1,100 @@
+"""The window with a scripted engine: sending, streaming, stopping, persistence, the panel, the list model."""
+
+import asyncio
+
+from PySide6.QtCore import Qt
+
+from app.conversation_list import ConversationIdRole, ConversationListModel
+from app.main_window import MainWindow
+from tests.helpers.fake_engine import FakeBridge, fake_stats
+
+
+def test_conversation_list_model_passes_the_model_tester(qtmodeltester, store):
+    for title in ("a", "b", "c"):
+        store.create_conversation(title)
+    model = ConversationListModel(store)
+    qtmodeltester.check(model)
+    assert [model.index(i).data() for i in range(3)] == ["c", "b", "a"]
+    assert model.index(0).data(ConversationIdRole) == store.conversations()[0].id
+
+
+def test_composer_enter_sends_and_shift_enter_adds_a_line(qtbot, window):
+    composer = window.composer
+    sent = []
+    composer.send.connect(sent.append)
+    composer.send.disconnect(window.send)
+    qtbot.keyClicks(composer.edit, "first line")
+    qtbot.keyClick(composer.edit, Qt.Key_Return, Qt.ShiftModifier)
+    qtbot.keyClicks(composer.edit, "second line")
+    qtbot.keyClick(composer.edit, Qt.Key_Return)
+    assert sent == ["first line\nsecond line"]
+
+
+def test_send_streams_the_reply_and_stores_it_with_its_stats(qtbot, window, qloop, store):
+    with qtbot.wait_signal(window.controller.reply_finished, timeout=5000) as finished:
+        task = window.send("What is the capital of France?")
+        qloop.run_until_complete(task)
+    conv_id, message = finished.args
+    assert message.text == " ".join(FakeBridge().words) and message.status == "complete"
+    assert message.stats["output_tokens"] == len(FakeBridge().words) and message.stats["cached_prompt_tokens"] == 32
+    thread = store.thread(conv_id)
+    assert [m.role for m in thread] == ["user", "assistant"]
+    assert store.conversation(conv_id).title == "What is the capital of France?"
+    html = window.chat.toPlainText()
+    assert "Paris is the capital" in html and "32 of 40 prompt tokens from cache" in html
+    assert window.composer.edit.toPlainText() == "" and window.composer.button.text() == "Send"
+
+
+def test_stop_keeps_what_had_arrived(qtbot, window, qloop, store):
+    window.bridge.gate = asyncio.Event()
+    task = window.send("Tell me more")
+    qloop.run_until_complete(asyncio.sleep(0.05))
+    assert window.composer.button.text() == "Stop"
+    with qtbot.wait_signal(window.controller.reply_finished, timeout=5000) as finished:
+        qtbot.keyClick(window, Qt.Key_Escape)
+        qloop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+    _, message = finished.args
+    assert message.status == "stopped" and message.text == "Paris is"
+    assert "Stopped" in window.chat.toPlainText()
+
+
+def test_message_is_kept_in_the_box_while_the_model_loads(qtbot, window):
+    window.bridge.ready = False
+    qtbot.keyClicks(window.composer.edit, "hold on")
+    qtbot.keyClick(window.composer.edit, Qt.Key_Return)
+    assert window.composer.edit.toPlainText() == "hold on"
+    assert "still loading" in window.statusBar().currentMessage()
+
+
+def test_a_new_window_on_the_same_database_shows_the_same_conversations(qtbot, window, qloop, store):
+    qloop.run_until_complete(window.send("Remember me"))
+    window.new_conversation()
+    titles = [c.title for c in store.conversations()]
+    again = MainWindow(store, FakeBridge())
+    qtbot.addWidget(again)
+    model = again.sidebar.model
+    assert [model.index(i).data() for i in range(model.rowCount())] == titles
+    assert "Remember me" in titles
+
+
+def test_panel_shows_the_engine_stats(window):
+    stats = fake_stats(kv_blocks_used=20, kv_blocks_shared=4, kv_usage=20 / 64, decode_tokens_per_s=31.25)
+    window.panel.update_stats(stats)
+    labels = window.panel.labels
+    assert labels["Decode"].text() == "31.2 tok/s"
+    assert labels["Usage"].text() == "31% (320 of 1,024 tokens)"
+    assert labels["Blocks"].text() == "20 used (4 shared), 6 cached, 48 free"
+    assert labels["Prefix hit rate"].text() == "42% of prompt tokens"
+    assert labels["Requests"].text() == "2 running, 1 waiting"
+    assert window.panel.pool.counts == (16, 4, 6, 48)
+
+
+def test_search_filters_the_sidebar(qtbot, window, qloop, store):
+    qloop.run_until_complete(window.send("bananas are yellow"))
+    window.new_conversation()
+    qloop.run_until_complete(window.send("the sky is blue"))
+    window.sidebar.search.setText("banana")
+    model = window.sidebar.model
+    assert [model.index(i).data() for i in range(model.rowCount())] == ["bananas are yellow"]
+    window.sidebar.search.setText("")
+    assert model.rowCount() == 2

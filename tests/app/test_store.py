@@ -1,0 +1,92 @@
+"""The SQLite store: conversations, the message tree, search, soft delete, schema versions."""
+
+import sqlite3
+
+import pytest
+
+from app.store import SCHEMA_VERSION, Store, StoreError
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "kvasir.db")
+    yield s
+    s.close()
+
+
+def test_new_database_is_wal_and_versioned(store):
+    assert store.schema_version == SCHEMA_VERSION
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "future.db"
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StoreError, match="newer Kvasir"):
+        Store(path)
+
+
+def test_thread_follows_the_head_and_edits_keep_old_branches(store):
+    conv = store.create_conversation("Trip")
+    q1 = store.add_message(conv.id, "user", "Where to go?")
+    a1 = store.add_message(conv.id, "assistant", "Norway.", parent_id=q1.id, model="m", stats={"ttft_s": 0.2})
+    q2 = store.add_message(conv.id, "user", "When?", parent_id=a1.id)
+    store.add_message(conv.id, "assistant", "Winter.", parent_id=q2.id)
+    assert [m.text for m in store.thread(conv.id)] == ["Where to go?", "Norway.", "When?", "Winter."]
+    # Edit the second question: a sibling under the same parent, and the thread follows it.
+    q2b = store.add_message(conv.id, "user", "How cold is it?", parent_id=a1.id)
+    store.add_message(conv.id, "assistant", "Very.", parent_id=q2b.id, status="stopped")
+    assert [m.text for m in store.thread(conv.id)] == ["Where to go?", "Norway.", "How cold is it?", "Very."]
+    assert [m.text for m in store.siblings(q2b.id)] == ["When?", "How cold is it?"]
+    store.select_branch(q2.id)  # go back to the first version
+    assert [m.text for m in store.thread(conv.id)][-2:] == ["When?", "Winter."]
+    assert store.message(a1.id).stats == {"ttft_s": 0.2}
+
+
+def test_list_is_pinned_first_then_newest(store):
+    a = store.create_conversation("a")
+    b = store.create_conversation("b")
+    c = store.create_conversation("c")
+    store.add_message(a.id, "user", "latest activity")
+    assert [x.title for x in store.conversations()] == ["a", "c", "b"]
+    store.update_conversation(b.id, pinned=True)
+    assert [x.title for x in store.conversations()][0] == "b"
+    assert c.id in [x.id for x in store.conversations()]
+
+
+def test_delete_can_be_undone_until_purged(store):
+    conv = store.create_conversation("gone")
+    store.add_message(conv.id, "user", "hello")
+    store.delete_conversation(conv.id)
+    assert store.conversations() == [] and store.search("hello") == []
+    store.undelete_conversation(conv.id)
+    assert [c.title for c in store.conversations()] == ["gone"]
+    store.delete_conversation(conv.id)
+    assert store.purge_deleted() == 1
+    with pytest.raises(KeyError):
+        store.conversation(conv.id)
+
+
+def test_search_matches_text_and_titles_literally(store):
+    conv = store.create_conversation("Recipes")
+    store.add_message(conv.id, "user", "How long to bake 100% rye bread?")
+    other = store.create_conversation("Other")
+    store.add_message(other.id, "user", "nothing relevant")
+    assert [m.text for _, m in store.search("100%")] == ["How long to bake 100% rye bread?"]
+    assert [c.title for c, _ in store.search("recipes")] == ["Recipes"]
+    assert store.search("_") == []
+
+
+def test_reopening_the_file_keeps_everything(tmp_path):
+    path = tmp_path / "kvasir.db"
+    first = Store(path)
+    conv = first.create_conversation("kept", system_prompt="Be brief.", settings={"temperature": 0.3})
+    first.add_message(conv.id, "user", "hi")
+    first.close()
+    second = Store(path)
+    (again,) = second.conversations()
+    assert (again.title, again.system_prompt, again.settings) == ("kept", "Be brief.", {"temperature": 0.3})
+    assert [m.text for m in second.thread(again.id)] == ["hi"]
+    second.close()
