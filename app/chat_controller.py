@@ -42,14 +42,32 @@ class ChatController(QObject):
         user = self.store.add_message(conversation_id, "user", text, parent_id=head)
         return self._start(conversation_id, user.id)
 
+    def regenerate(self, conversation_id: int) -> asyncio.Task | None:
+        """Write the last reply again; the old one stays as a previous version."""
+        thread = self.store.thread(conversation_id)
+        last_user = next((m for m in reversed(thread) if m.role == "user"), None)
+        if last_user is None or self.is_generating(conversation_id):
+            return None
+        self.store.update_conversation(conversation_id, head_id=last_user.id)
+        return self._start(conversation_id, last_user.id)
+
+    def edit(self, conversation_id: int, message_id: int, text: str) -> asyncio.Task:
+        """Replace a user message and what followed it; the old branch is kept as a previous version."""
+        original = self.store.message(message_id)
+        if original.role != "user":
+            raise ValueError("only your own messages can be edited")
+        edited = self.store.add_message(conversation_id, "user", text, parent_id=original.parent_id)
+        return self._start(conversation_id, edited.id)
+
     def stop(self, conversation_id: int) -> None:
         task = self.tasks.get(conversation_id)
         if task is not None:
             task.cancel()
 
-    def messages_for_model(self, conversation_id: int, upto: list[Message] | None = None) -> list[dict]:
+    def messages_for_model(self, conversation_id: int) -> list[dict]:
+        """The chat messages the model sees: the system prompt and the thread on screen."""
         conv = self.store.conversation(conversation_id)
-        thread = upto if upto is not None else self.store.thread(conversation_id)
+        thread = self.store.thread(conversation_id)
         system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
         return system + [{"role": m.role, "content": m.text} for m in thread if m.text or m.role == "user"]
 

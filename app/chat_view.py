@@ -39,6 +39,7 @@ class ChatView(QTextBrowser):
     """Renders a thread. ``show_thread`` replaces it; ``update_streaming`` redraws the live reply, throttled."""
 
     copied = Signal(str)
+    action = Signal(str, int)  # "regenerate" | "edit" | "previous" | "next", message id
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -47,6 +48,7 @@ class ChatView(QTextBrowser):
         self.renderer = MarkdownRenderer()
         self._messages: list[Message] = []
         self._streaming: dict[int, str] = {}
+        self._versions: dict[int, tuple[int, int]] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._timer.timeout.connect(self._render)
 
@@ -54,8 +56,11 @@ class ChatView(QTextBrowser):
         self.renderer.dark = dark
         self._render()
 
-    def show_thread(self, messages: list[Message], streaming: dict[int, str] | None = None) -> None:
+    def show_thread(self, messages: list[Message], streaming: dict[int, str] | None = None,
+                    versions: dict[int, tuple[int, int]] | None = None) -> None:
+        """``versions``: message id -> (its number among its versions, how many there are)."""
         self._messages = list(messages)
+        self._versions = dict(versions or {})
         self._streaming = dict(streaming or {})
         self._render()
 
@@ -84,8 +89,15 @@ class ChatView(QTextBrowser):
         text = self._streaming.get(message.id, message.text)
         body = html.escape(text).replace("\n", "<br>") if message.role == "user" else self.renderer.render(text)
         footer = [f'<a href="copymsg:{index}">Copy</a>']
+        live = message.id in self._streaming
+        if message.role == "user" and not live:
+            footer.append(f'<a href="edit:{message.id}">Edit</a>')
+        if index == len(self._messages) - 1 and message.role == "assistant" and not live:
+            footer.append(f'<a href="regenerate:{message.id}">Regenerate</a>')
+        number, count = self._versions.get(message.id, (1, 1))
+        if count > 1:
+            footer.append(f'<a href="previous:{message.id}">‹</a> {number}/{count} <a href="next:{message.id}">›</a>')
         if message.role == "assistant":
-            live = message.id in self._streaming
             note = "Writing…" if live and message.status == "partial" else STATUS_NOTES.get(message.status, "")
             if message.status == "error" and message.error:
                 note = f"Failed: {html.escape(message.error)}"
@@ -104,6 +116,10 @@ class ChatView(QTextBrowser):
             text = self.renderer.code_blocks[int(target.split(":", 1)[1])]
         elif target.startswith("copymsg:"):
             text = self.message_text(int(target.split(":", 1)[1]))
+        elif target.split(":", 1)[0] in ("edit", "regenerate", "previous", "next"):
+            kind, message_id = target.split(":", 1)
+            self.action.emit(kind, int(message_id))
+            return
         else:
             from PySide6.QtGui import QDesktopServices
 

@@ -40,12 +40,28 @@ class Composer(QWidget):
         layout.addLayout(row)
         layout.addWidget(self.context)
         self.generating = False
+        self.editing_id: int | None = None
         self.edit.submitted.connect(self._submit)
         self.button.clicked.connect(self._clicked)
 
     def set_generating(self, generating: bool) -> None:
         self.generating = generating
         self.button.setText("Stop" if generating else "Send")
+
+    def start_editing(self, message_id: int, text: str) -> None:
+        """Put an earlier message in the box; sending replaces it (the old version is kept)."""
+        self.editing_id = message_id
+        self.edit.setPlainText(text)
+        self.edit.setFocus()
+        self.button.setText("Resend")
+
+    def cancel_editing(self) -> bool:
+        if self.editing_id is None:
+            return False
+        self.editing_id = None
+        self.edit.clear()
+        self.set_generating(self.generating)
+        return True
 
     def set_context(self, used: int, total: int) -> None:
         self.context.setText(f"{used:,} / {total:,} tokens")
@@ -62,4 +78,5 @@ class Composer(QWidget):
             self.send.emit(text)
 
     def clear(self) -> None:
+        self.editing_id = None
         self.edit.clear()

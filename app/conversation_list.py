@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt, Signal
-from PySide6.QtWidgets import QLineEdit, QListView, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLineEdit, QListView, QMenu, QPushButton, QVBoxLayout, QWidget
 
 from .store import Conversation, Store
 
@@ -56,17 +56,21 @@ class ConversationSidebar(QWidget):
 
     selected = Signal(int)
     new_requested = Signal()
+    action_requested = Signal(str, int)  # "rename" | "pin" | "delete" | "export-md" | "export-json", id
 
     def __init__(self, store: Store, parent=None) -> None:
         super().__init__(parent)
         self.model = ConversationListModel(store, self)
-        self.new_button = QPushButton("＋  New chat")
+        self.new_button = QPushButton("+  New chat")
         self.new_button.setToolTip("New chat (Ctrl+N)")
         self.search = QLineEdit(placeholderText="Search all chats (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
         self.view = QListView()
         self.view.setModel(self.model)
         self.view.setUniformItemSizes(True)
+        self.view.setSpacing(2)
+        self.view.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.view.customContextMenuRequested.connect(self._menu)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 4, 8)
         for widget in (self.new_button, self.search, self.view):
@@ -74,6 +78,19 @@ class ConversationSidebar(QWidget):
         self.new_button.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.model.set_search)
         self.view.clicked.connect(lambda index: self.selected.emit(index.data(ConversationIdRole)))
+
+    def _menu(self, point) -> None:
+        index = self.view.indexAt(point)
+        if not index.isValid():
+            return
+        conv_id = index.data(ConversationIdRole)
+        pinned = self.model.store.conversation(conv_id).pinned
+        menu = QMenu(self)
+        for key, label in (("rename", "Rename…"), ("pin", "Unpin" if pinned else "Pin to top"),
+                           ("export-md", "Export as Markdown…"), ("export-json", "Export as JSON…"),
+                           ("delete", "Delete")):
+            menu.addAction(label, lambda key=key: self.action_requested.emit(key, conv_id))
+        menu.exec(self.view.viewport().mapToGlobal(point))
 
     def select(self, conversation_id: int) -> None:
         row = self.model.row_of(conversation_id)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QComboBox,
+    QFileDialog,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QSplitter,
@@ -26,6 +31,7 @@ from .chat_controller import ChatController
 from .chat_view import ChatView
 from .composer import Composer
 from .conversation_list import ConversationSidebar
+from .export import from_json, to_json, to_markdown
 from .metrics_panel import MetricsPanel
 from .store import Message, Store
 
@@ -87,6 +93,11 @@ class MainWindow(QMainWindow):
             self.splitter.addWidget(widget)
             self.splitter.setStretchFactor(self.splitter.indexOf(widget), stretch)
         self.splitter.setSizes([230, 650, 300])
+        self.undo_button = QPushButton("Undo delete")
+        self.undo_button.hide()
+        self.statusBar().addPermanentWidget(self.undo_button)
+        self._deleted: list[int] = []
+        self._build_menus()
         root = QWidget()
         layout = QVBoxLayout(root)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -95,10 +106,24 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(root)
         self.resize(1280, 800)
 
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        file_menu.addAction("New chat", self.new_conversation)
+        file_menu.addAction("Import chat…", self._ask_import)
+        file_menu.addSeparator()
+        file_menu.addAction("Quit", self.close)
+        chat_menu = bar.addMenu("&Chat")
+        chat_menu.addAction("Regenerate last reply", self.regenerate)
+        chat_menu.addAction("Stop", self.stop)
+
     def _connect(self) -> None:
         self.sidebar.selected.connect(self.open_conversation)
         self.sidebar.new_requested.connect(self.new_conversation)
         self.composer.send.connect(self.send)
+        self.chat.action.connect(self._chat_action)
+        self.sidebar.action_requested.connect(self._sidebar_action)
+        self.undo_button.clicked.connect(self.undo_delete)
         self.composer.stop.connect(self.stop)
         self.controller.reply_started.connect(self._reply_started)
         self.controller.reply_delta.connect(self._reply_delta)
@@ -118,6 +143,8 @@ class MainWindow(QMainWindow):
             "Ctrl+F": lambda: self.sidebar.search.setFocus(),
             "Ctrl+K": lambda: (self.model_box.setFocus(), self.model_box.showPopup()),
             "Ctrl+L": lambda: self.composer.edit.setFocus(),
+            "Ctrl+Z": self.undo_delete,
+            "Ctrl+R": self.regenerate,
         }
         for keys, action in bindings.items():
             QShortcut(QKeySequence(keys), self, activated=action)
@@ -140,15 +167,119 @@ class MainWindow(QMainWindow):
         if not self.bridge.ready:
             self.statusBar().showMessage("The model is still loading; your message is kept in the box.", 4000)
             return None
+        editing = self.composer.editing_id
         self.composer.clear()
-        task = self.controller.send(self.current, text)
+        if editing is not None:
+            task = self.controller.edit(self.current, editing, text)
+        else:
+            task = self.controller.send(self.current, text)
         self.sidebar.model.refresh()
         self.sidebar.select(self.current)
         return task
 
     def stop(self) -> None:
-        if self.current is not None:
+        if self.current is not None and self.controller.is_generating(self.current):
             self.controller.stop(self.current)
+        else:
+            self.composer.cancel_editing()
+
+    def regenerate(self) -> asyncio.Task | None:
+        if self.current is None or not self.bridge.ready:
+            return None
+        task = self.controller.regenerate(self.current)
+        self._refresh_chat()
+        return task
+
+    def _chat_action(self, kind: str, message_id: int) -> None:
+        if kind == "edit":
+            self.composer.start_editing(message_id, self.store.message(message_id).text)
+        elif kind == "regenerate":
+            self.regenerate()
+        elif kind in ("previous", "next"):
+            self.show_version(message_id, -1 if kind == "previous" else 1)
+
+    def show_version(self, message_id: int, step: int) -> None:
+        """Go to the previous or next version of a message (and the turns that followed it)."""
+        versions = self.store.siblings(message_id)
+        index = [m.id for m in versions].index(message_id) + step
+        if 0 <= index < len(versions) and not self.controller.is_generating(self.current):
+            self.store.select_branch(versions[index].id)
+            self._refresh_chat()
+
+    # -- conversation actions -----------------------------------------------------------------------
+
+    def _sidebar_action(self, kind: str, conversation_id: int) -> None:
+        if kind == "rename":
+            title, ok = QInputDialog.getText(self, "Rename chat", "Title:",
+                                             text=self.store.conversation(conversation_id).title)
+            if ok and title.strip():
+                self.rename_conversation(conversation_id, title.strip())
+        elif kind == "pin":
+            self.toggle_pin(conversation_id)
+        elif kind == "delete":
+            self.delete_conversation(conversation_id)
+        elif kind in ("export-md", "export-json"):
+            suffix = ".md" if kind == "export-md" else ".json"
+            title = self.store.conversation(conversation_id).title
+            path, _ = QFileDialog.getSaveFileName(self, "Export chat", _safe_file_name(title) + suffix)
+            if path:
+                self.export_conversation(conversation_id, Path(path))
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        self.store.update_conversation(conversation_id, title=title)
+        self.sidebar.model.refresh()
+        self.sidebar.select(self.current)
+
+    def toggle_pin(self, conversation_id: int) -> None:
+        pinned = self.store.conversation(conversation_id).pinned
+        self.store.update_conversation(conversation_id, pinned=not pinned)
+        self.sidebar.model.refresh()
+        self.sidebar.select(self.current)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Hide the chat; Undo in the status bar (or Ctrl+Z) brings it back."""
+        self.controller.stop(conversation_id)
+        title = self.store.conversation(conversation_id).title
+        self.store.delete_conversation(conversation_id)
+        self._deleted.append(conversation_id)
+        self.sidebar.model.refresh()
+        if conversation_id == self.current:
+            remaining = self.store.conversations()
+            self.open_conversation(remaining[0].id if remaining else self.store.create_conversation().id)
+            self.sidebar.model.refresh()
+        self.statusBar().showMessage(f"Deleted “{title}”. Undo with Ctrl+Z.", 10000)
+        self.undo_button.show()
+
+    def undo_delete(self) -> None:
+        if not self._deleted:
+            return
+        conversation_id = self._deleted.pop()
+        self.store.undelete_conversation(conversation_id)
+        self.sidebar.model.refresh()
+        self.open_conversation(conversation_id)
+        self.undo_button.setVisible(bool(self._deleted))
+        self.statusBar().showMessage("Restored.", 3000)
+
+    def export_conversation(self, conversation_id: int, path: Path) -> None:
+        text = to_json(self.store, conversation_id) if path.suffix == ".json" else to_markdown(
+            self.store, conversation_id)
+        path.write_text(text, encoding="utf-8")
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+
+    def import_conversation(self, path: Path) -> int | None:
+        try:
+            conversation_id = from_json(self.store, path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            QMessageBox.warning(self, "Import failed", f"{path.name} could not be imported: {exc}")
+            return None
+        self.sidebar.model.refresh()
+        self.open_conversation(conversation_id)
+        return conversation_id
+
+    def _ask_import(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "Kvasir chats (*.json)")
+        if path:
+            self.import_conversation(Path(path))
 
     def _switch(self) -> None:
         config = EngineConfig(model=self.model_box.currentData(), quantization=self.quant_box.currentText())
@@ -158,7 +289,13 @@ class MainWindow(QMainWindow):
     # -- updates ------------------------------------------------------------------------------------
 
     def _refresh_chat(self) -> None:
-        self.chat.show_thread(self.store.thread(self.current), self.controller.streaming.get(self.current, {}))
+        thread = self.store.thread(self.current)
+        versions = {}
+        for message in thread:
+            siblings = [m.id for m in self.store.siblings(message.id)]
+            if len(siblings) > 1:
+                versions[message.id] = (siblings.index(message.id) + 1, len(siblings))
+        self.chat.show_thread(thread, self.controller.streaming.get(self.current, {}), versions)
 
     def _reply_started(self, conversation_id: int, reply_id: int) -> None:
         if conversation_id == self.current:
@@ -225,3 +362,7 @@ class MainWindow(QMainWindow):
         for task in list(self.controller.tasks.values()):
             task.cancel()
         super().closeEvent(event)
+
+
+def _safe_file_name(title: str) -> str:
+    return re.sub(r"[^\w\- ]+", "", title).strip() or "chat"

@@ -39,7 +39,9 @@ class MarkdownRenderer:
 
     def render(self, text: str) -> str:
         """HTML for ``text``; unfinished markdown (an open code fence while streaming) still renders."""
-        return self._md.render(text)
+        border = "#555555" if self.dark else "#cccccc"
+        table = f'<table border="1" cellspacing="0" cellpadding="5" style="border-color:{border}; margin: 4px 0;">'
+        return self._md.render(text).replace("<table>", table)
 
     def _fence(self, token) -> str:
         language = token.info.strip().split(" ")[0] if token.info else ""

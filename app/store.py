@@ -190,6 +190,13 @@ class Store:
         ).fetchall()
         return sorted((_message(r) for r in rows), key=lambda m: (m.created, m.id))
 
+    def all_messages(self, conversation_id: int) -> list[Message]:
+        """Every message of a conversation, every branch, oldest first."""
+        rows = self._db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY created, id", (conversation_id,)
+        )
+        return [_message(r) for r in rows]
+
     def siblings(self, message_id: int) -> list[Message]:
         """Versions of a message: the messages with the same parent and role, oldest first."""
         msg = self.message(message_id)
