@@ -64,12 +64,34 @@ class ChatController(QObject):
         if task is not None:
             task.cancel()
 
-    def messages_for_model(self, conversation_id: int) -> list[dict]:
-        """The chat messages the model sees: the system prompt and the thread on screen."""
+    def messages_for_model(self, conversation_id: int, next_user_text: str | None = None) -> list[dict]:
+        """The chat messages the model sees: the system prompt and the thread on screen, less any turns the
+        user chose to drop when the context filled up; ``next_user_text`` is a message about to be sent."""
         conv = self.store.conversation(conversation_id)
-        thread = self.store.thread(conversation_id)
+        thread = self.store.thread(conversation_id)[conv.settings.get("skip_messages", 0):]
+        if next_user_text is not None:
+            thread = [*thread, Message(0, conversation_id, None, "user", next_user_text, 0.0)]
         system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
         return system + [{"role": m.role, "content": m.text} for m in thread if m.text or m.role == "user"]
+
+    def context_needed(self, conversation_id: int, next_user_text: str, count_tokens) -> int:
+        """Tokens the next request needs: its prompt plus the reply's max_tokens."""
+        prompt = count_tokens(self.messages_for_model(conversation_id, next_user_text))
+        return prompt + self.sampling_for(conversation_id).max_tokens
+
+    def drop_oldest_turns(self, conversation_id: int, next_user_text: str, count_tokens, limit: int) -> bool:
+        """Stop sending the oldest turns (the system prompt stays) until the next request fits; False if even
+        the new message alone would not fit."""
+        original = self.store.conversation(conversation_id).settings
+        settings = dict(original)
+        visible = len(self.store.thread(conversation_id))
+        while self.context_needed(conversation_id, next_user_text, count_tokens) > limit:
+            if settings.get("skip_messages", 0) >= visible:
+                self.store.update_conversation(conversation_id, settings=original)
+                return False
+            settings["skip_messages"] = settings.get("skip_messages", 0) + 2
+            self.store.update_conversation(conversation_id, settings=settings)
+        return True
 
     def sampling_for(self, conversation_id: int) -> SamplingParams:
         settings = {**DEFAULT_SAMPLING, **self.store.conversation(conversation_id).settings}

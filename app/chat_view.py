@@ -49,6 +49,7 @@ class ChatView(QTextBrowser):
         self._messages: list[Message] = []
         self._streaming: dict[int, str] = {}
         self._versions: dict[int, tuple[int, int]] = {}
+        self._skipped = 0
         self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._timer.timeout.connect(self._render)
 
@@ -57,8 +58,10 @@ class ChatView(QTextBrowser):
         self._render()
 
     def show_thread(self, messages: list[Message], streaming: dict[int, str] | None = None,
-                    versions: dict[int, tuple[int, int]] | None = None) -> None:
-        """``versions``: message id -> (its number among its versions, how many there are)."""
+                    versions: dict[int, tuple[int, int]] | None = None, skipped: int = 0) -> None:
+        """``versions``: message id -> (its number among its versions, how many there are); ``skipped``: how
+        many of the first messages are no longer sent to the model."""
+        self._skipped = skipped
         self._messages = list(messages)
         self._versions = dict(versions or {})
         self._streaming = dict(streaming or {})
@@ -78,6 +81,9 @@ class ChatView(QTextBrowser):
         at_bottom = bar.value() >= bar.maximum() - 4
         self.renderer.begin_document()
         parts = [self._message_html(i, m) for i, m in enumerate(self._messages)]
+        if 0 < self._skipped < len(parts):
+            parts.insert(self._skipped, '<p align="center" style="color:#b06000;">— the turns above are no longer '
+                                        'sent to the model, to make room —</p>')
         if not parts:
             parts.append('<p style="color:#888888; margin-top:40px;" align="center">Say something to start.</p>')
         self.setHtml("".join(parts))

@@ -9,6 +9,7 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QApplication,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
@@ -28,12 +29,15 @@ from engine.library import ModelLibrary
 
 from .bridge import EngineBridge
 from .chat_controller import ChatController
+from .chat_settings import ChatSettingsDialog, PreferencesDialog
 from .chat_view import ChatView
 from .composer import Composer
 from .conversation_list import ConversationSidebar
 from .export import from_json, to_json, to_markdown
 from .metrics_panel import MetricsPanel
+from .settings import Settings, load_presets
 from .store import Message, Store
+from .theme import apply_theme
 
 QUANT_MODES = ["auto", "none", "int8", "nf4", "fp4"]
 
@@ -41,19 +45,23 @@ QUANT_MODES = ["auto", "none", "int8", "nf4", "fp4"]
 class MainWindow(QMainWindow):
     """Wires the parts together; the logic lives in the controller, the bridge and the store."""
 
-    def __init__(self, store: Store, bridge: EngineBridge, library: ModelLibrary | None = None) -> None:
+    def __init__(self, store: Store, bridge: EngineBridge, library: ModelLibrary | None = None,
+                 settings: Settings | None = None) -> None:
         super().__init__()
         self.setWindowTitle("Kvasir")
         self.store, self.bridge = store, bridge
         self.library = library or ModelLibrary()
+        self.settings = settings or Settings()
+        self.presets = load_presets()
         self.controller = ChatController(store, bridge, self)
         self.current: int | None = None
         self._build()
         self._connect()
         self._shortcuts()
         self._restore_geometry()
+        self.apply_theme(self.settings["theme"])
         conversations = store.conversations()
-        self.open_conversation(conversations[0].id if conversations else store.create_conversation().id)
+        self.open_conversation(conversations[0].id if conversations else self._create_conversation().id)
 
     # -- layout -------------------------------------------------------------------------------------
 
@@ -85,6 +93,15 @@ class MainWindow(QMainWindow):
         center = QWidget()
         center_layout = QVBoxLayout(center)
         center_layout.setContentsMargins(0, 0, 0, 0)
+        self.persona_button = QPushButton("Persona")
+        self.persona_button.setFlat(True)
+        self.persona_button.setToolTip("Chat settings: persona and sampling")
+        self.persona_button.clicked.connect(lambda: self.edit_chat_settings())
+        header = QHBoxLayout()
+        header.setContentsMargins(6, 4, 6, 0)
+        header.addWidget(self.persona_button)
+        header.addStretch(1)
+        center_layout.addLayout(header)
         center_layout.addWidget(self.chat, 1)
         center_layout.addWidget(self.composer)
         self.panel = MetricsPanel()
@@ -111,11 +128,13 @@ class MainWindow(QMainWindow):
         file_menu = bar.addMenu("&File")
         file_menu.addAction("New chat", self.new_conversation)
         file_menu.addAction("Import chat…", self._ask_import)
+        file_menu.addAction("Preferences…", self.edit_preferences)
         file_menu.addSeparator()
         file_menu.addAction("Quit", self.close)
         chat_menu = bar.addMenu("&Chat")
         chat_menu.addAction("Regenerate last reply", self.regenerate)
         chat_menu.addAction("Stop", self.stop)
+        chat_menu.addAction("Chat settings…", self.edit_chat_settings)
 
     def _connect(self) -> None:
         self.sidebar.selected.connect(self.open_conversation)
@@ -159,15 +178,51 @@ class MainWindow(QMainWindow):
         self.composer.edit.setFocus()
 
     def new_conversation(self) -> None:
-        conv = self.store.create_conversation()
+        conv = self._create_conversation()
         self.sidebar.model.refresh()
         self.open_conversation(conv.id)
+
+    def _create_conversation(self, like: int | None = None):
+        """A new chat with the default persona and sampling (or those of conversation ``like``)."""
+        if like is not None:
+            source = self.store.conversation(like)
+            settings = {k: v for k, v in source.settings.items() if k != "skip_messages"}
+            return self.store.create_conversation("New chat", source.system_prompt, source.preset, settings)
+        preset = next((p for p in self.presets if p.name == self.settings["preset"]), None)
+        return self.store.create_conversation("New chat", preset.system_prompt if preset else "",
+                                              preset.name if preset else None, dict(self.settings["sampling"]))
+
+    def edit_chat_settings(self) -> None:
+        conv = self.store.conversation(self.current)
+        sampling = {**self.settings["sampling"], **conv.settings}
+        dialog = ChatSettingsDialog(self.presets, conv.preset, conv.system_prompt, sampling, self)
+        if dialog.exec():
+            values = dialog.result_values()
+            settings = {**conv.settings, **values["settings"]}
+            self.store.update_conversation(self.current, preset=values["preset"],
+                                           system_prompt=values["system_prompt"], settings=settings)
+            self._update_header()
+
+    def edit_preferences(self) -> None:
+        dialog = PreferencesDialog(self.presets, self.settings.values, self)
+        if dialog.exec():
+            for key, value in dialog.result_values().items():
+                self.settings[key] = value
+            self.settings.save()
+            self.apply_theme(self.settings["theme"])
+
+    def apply_theme(self, choice: str) -> None:
+        app = QApplication.instance()
+        dark = apply_theme(app, choice) if app is not None else False
+        self.chat.set_dark(dark)
 
     def send(self, text: str) -> asyncio.Task | None:
         if not self.bridge.ready:
             self.statusBar().showMessage("The model is still loading; your message is kept in the box.", 4000)
             return None
         editing = self.composer.editing_id
+        if editing is None and not self._make_room(text):
+            return None
         self.composer.clear()
         if editing is not None:
             task = self.controller.edit(self.current, editing, text)
@@ -176,6 +231,42 @@ class MainWindow(QMainWindow):
         self.sidebar.model.refresh()
         self.sidebar.select(self.current)
         return task
+
+    def _make_room(self, text: str) -> bool:
+        """When the next message would not fit the context, ask: drop the oldest turns or start a new chat."""
+        stats = self.bridge.stats()
+        if stats is None:
+            return True
+        limit = stats.max_model_len
+        needed = self.controller.context_needed(self.current, text, self.bridge.count_tokens)
+        if needed <= limit:
+            return True
+        choice = self.ask_overflow(needed, limit)
+        if choice == "drop":
+            if self.controller.drop_oldest_turns(self.current, text, self.bridge.count_tokens, limit):
+                self._refresh_chat()
+                return True
+            QMessageBox.warning(self, "Message too long",
+                                "This message does not fit the model's context even on its own. Shorten it, or "
+                                "lower 'Max tokens per reply' in the chat settings.")
+            return False
+        if choice == "new":
+            conv = self._create_conversation(like=self.current)
+            self.sidebar.model.refresh()
+            self.open_conversation(conv.id)
+            return self._make_room(text)
+        return False  # cancelled: the text stays in the box
+
+    def ask_overflow(self, needed: int, limit: int) -> str | None:
+        """'drop', 'new' or None (cancel)."""
+        box = QMessageBox(QMessageBox.Question, "The conversation is full",
+                          f"This message and its reply need {needed:,} tokens, but the model reads at most "
+                          f"{limit:,}. Nothing you wrote is deleted either way.", parent=self)
+        drop = box.addButton("Stop sending the oldest turns", QMessageBox.AcceptRole)
+        new = box.addButton("Start a new chat", QMessageBox.ActionRole)
+        box.addButton(QMessageBox.Cancel)
+        box.exec()
+        return {drop: "drop", new: "new"}.get(box.clickedButton())
 
     def stop(self) -> None:
         if self.current is not None and self.controller.is_generating(self.current):
@@ -295,7 +386,15 @@ class MainWindow(QMainWindow):
             siblings = [m.id for m in self.store.siblings(message.id)]
             if len(siblings) > 1:
                 versions[message.id] = (siblings.index(message.id) + 1, len(siblings))
-        self.chat.show_thread(thread, self.controller.streaming.get(self.current, {}), versions)
+        skipped = self.store.conversation(self.current).settings.get("skip_messages", 0)
+        self.chat.show_thread(thread, self.controller.streaming.get(self.current, {}), versions, skipped)
+        self._update_header()
+
+    def _update_header(self) -> None:
+        conv = self.store.conversation(self.current)
+        persona = conv.preset or ("Custom persona" if conv.system_prompt else "No system prompt")
+        self.persona_button.setText(f"Persona: {persona}")
+        self.persona_button.setToolTip(conv.system_prompt or "No system prompt")
 
     def _reply_started(self, conversation_id: int, reply_id: int) -> None:
         if conversation_id == self.current:

@@ -1,0 +1,141 @@
+"""Dialogs for a conversation's persona and sampling, and for the defaults new chats start with."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+)
+
+from .settings import Preset
+
+CUSTOM = "Custom"
+
+
+class SamplingForm(QGroupBox):
+    """Temperature, top-p, top-k, min-p, repetition penalty, max tokens and seed."""
+
+    def __init__(self, values: dict, parent=None) -> None:
+        super().__init__("Sampling", parent)
+        form = QFormLayout(self)
+        self.temperature = _double(0.0, 2.0, 0.05, values["temperature"])
+        self.top_p = _double(0.01, 1.0, 0.01, values["top_p"])
+        self.top_k = _int(0, 1000, values["top_k"])
+        self.min_p = _double(0.0, 1.0, 0.01, values["min_p"])
+        self.repetition_penalty = _double(0.5, 2.0, 0.05, values["repetition_penalty"])
+        self.max_tokens = _int(1, 32768, values["max_tokens"])
+        self.fixed_seed = QCheckBox("Fixed seed")
+        self.seed = _int(0, 2**31 - 1, values["seed"] or 0)
+        self.fixed_seed.setChecked(values["seed"] is not None)
+        self.seed.setEnabled(values["seed"] is not None)
+        self.fixed_seed.toggled.connect(self.seed.setEnabled)
+        form.addRow("Temperature (0 = always the likeliest word)", self.temperature)
+        form.addRow("Top-p", self.top_p)
+        form.addRow("Top-k (0 = off)", self.top_k)
+        form.addRow("Min-p", self.min_p)
+        form.addRow("Repetition penalty", self.repetition_penalty)
+        form.addRow("Max tokens per reply", self.max_tokens)
+        form.addRow(self.fixed_seed, self.seed)
+
+    def values(self) -> dict:
+        return {
+            "temperature": self.temperature.value(), "top_p": self.top_p.value(), "top_k": self.top_k.value(),
+            "min_p": self.min_p.value(), "repetition_penalty": self.repetition_penalty.value(),
+            "max_tokens": self.max_tokens.value(), "seed": self.seed.value() if self.fixed_seed.isChecked() else None,
+        }
+
+
+class ChatSettingsDialog(QDialog):
+    """One conversation's persona (a preset or a custom system prompt) and sampling."""
+
+    def __init__(self, presets: list[Preset], preset: str | None, system_prompt: str, sampling: dict,
+                 parent=None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Chat settings")
+        self.presets = {p.name: p for p in presets}
+        self.preset = QComboBox()
+        self.preset.addItems([*self.presets, CUSTOM])
+        self.preset.setCurrentText(preset if preset in self.presets else CUSTOM)
+        self.prompt = QPlainTextEdit(system_prompt)
+        self.prompt.setPlaceholderText("Instructions the model reads before the conversation")
+        self.sampling = SamplingForm(sampling)
+        persona = QGroupBox("Persona")
+        persona_form = QFormLayout(persona)
+        persona_form.addRow("Preset", self.preset)
+        persona_form.addRow("System prompt", self.prompt)
+        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(persona)
+        layout.addWidget(self.sampling)
+        layout.addWidget(buttons)
+        self.preset.currentTextChanged.connect(self._preset_chosen)
+        self.prompt.textChanged.connect(self._prompt_edited)
+        self.resize(560, 620)
+
+    def _preset_chosen(self, name: str) -> None:
+        if name in self.presets:
+            self.prompt.blockSignals(True)
+            self.prompt.setPlainText(self.presets[name].system_prompt)
+            self.prompt.blockSignals(False)
+
+    def _prompt_edited(self) -> None:
+        name = self.preset.currentText()
+        if name in self.presets and self.prompt.toPlainText() != self.presets[name].system_prompt:
+            self.preset.setCurrentText(CUSTOM)
+
+    def result_values(self) -> dict:
+        preset = self.preset.currentText()
+        return {"preset": None if preset == CUSTOM else preset, "system_prompt": self.prompt.toPlainText(),
+                "settings": self.sampling.values()}
+
+
+class PreferencesDialog(QDialog):
+    """Defaults for new chats, and the theme."""
+
+    def __init__(self, presets: list[Preset], values: dict, parent=None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Preferences")
+        self.theme = QComboBox()
+        self.theme.addItems(["system", "light", "dark"])
+        self.theme.setCurrentText(values["theme"])
+        self.preset = QComboBox()
+        self.preset.addItems([p.name for p in presets])
+        self.preset.setCurrentText(values["preset"])
+        self.sampling = SamplingForm(values["sampling"])
+        general = QGroupBox("New chats and appearance")
+        form = QFormLayout(general)
+        form.addRow("Theme", self.theme)
+        form.addRow("Persona for new chats", self.preset)
+        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(general)
+        layout.addWidget(self.sampling)
+        layout.addWidget(buttons)
+
+    def result_values(self) -> dict:
+        return {"theme": self.theme.currentText(), "preset": self.preset.currentText(),
+                "sampling": self.sampling.values()}
+
+
+def _double(low: float, high: float, step: float, value: float) -> QDoubleSpinBox:
+    box = QDoubleSpinBox(minimum=low, maximum=high, singleStep=step, decimals=2)
+    box.setValue(value)
+    return box
+
+
+def _int(low: int, high: int, value: int) -> QSpinBox:
+    box = QSpinBox(minimum=low, maximum=high)
+    box.setValue(value)
+    return box

@@ -1,0 +1,38 @@
+"""Light and dark themes (Fusion with a palette), following the system unless the user chose one."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
+
+DARK = {
+    QPalette.Window: "#202124", QPalette.WindowText: "#e8eaed", QPalette.Base: "#17181a",
+    QPalette.AlternateBase: "#26272b", QPalette.Text: "#e8eaed", QPalette.Button: "#2b2c30",
+    QPalette.ButtonText: "#e8eaed", QPalette.Highlight: "#3a7bd5", QPalette.HighlightedText: "#ffffff",
+    QPalette.ToolTipBase: "#2b2c30", QPalette.ToolTipText: "#e8eaed", QPalette.Link: "#8ab4f8",
+    QPalette.PlaceholderText: "#9aa0a6",
+}
+
+
+def system_prefers_dark() -> bool:
+    return QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+
+
+def is_dark(choice: str) -> bool:
+    """``choice``: "system", "light" or "dark"."""
+    return choice == "dark" or (choice == "system" and system_prefers_dark())
+
+
+def apply_theme(app: QApplication, choice: str) -> bool:
+    """Style the whole application; returns True when the result is dark."""
+    dark = is_dark(choice)
+    app.setStyle("Fusion")
+    palette = app.style().standardPalette()
+    if dark:
+        for role, color in DARK.items():
+            palette.setColor(role, QColor(color))
+        palette.setColor(QPalette.Disabled, QPalette.Text, QColor("#6f7378"))
+        palette.setColor(QPalette.Disabled, QPalette.ButtonText, QColor("#6f7378"))
+    app.setPalette(palette)
+    return dark
