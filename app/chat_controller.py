@@ -30,6 +30,7 @@ class ChatController(QObject):
         self.store, self.bridge = store, bridge
         self.tasks: dict[int, asyncio.Task] = {}
         self.streaming: dict[int, dict[int, str]] = {}  # conversation -> reply id -> text so far
+        self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
 
     def is_generating(self, conversation_id: int) -> bool:
         return conversation_id in self.tasks
@@ -114,7 +115,11 @@ class ChatController(QObject):
         self.reply_started.emit(conversation_id, reply.id)
         text, last, status, error, saved = "", None, "stopped", None, time.monotonic()
         try:
-            async for out in self.bridge.stream(messages, self.sampling_for(conversation_id)):
+            stream = self.bridge.stream(messages, self.sampling_for(conversation_id))
+            request_id = getattr(stream, "request_id", None)
+            if request_id is not None:
+                self.request_owners[request_id] = conversation_id
+            async for out in stream:
                 text, last = out.text, out
                 live[reply.id] = text
                 self.reply_delta.emit(conversation_id, reply.id, text)
@@ -128,6 +133,7 @@ class ChatController(QObject):
             status, error = "error", str(exc)
         finally:
             live.pop(reply.id, None)
+            self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
             metrics = _metrics(last)
             stored = self.store.update_message(reply.id, text=text, status=status, error=error, stats=metrics)
             self.reply_finished.emit(conversation_id, stored)

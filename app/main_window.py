@@ -35,6 +35,7 @@ from .composer import Composer
 from .conversation_list import ConversationSidebar
 from .export import from_json, to_json, to_markdown
 from .metrics_panel import MetricsPanel
+from .model_dialog import ModelDialog
 from .settings import Settings, load_presets
 from .store import Message, Store
 from .theme import apply_theme
@@ -69,8 +70,7 @@ class MainWindow(QMainWindow):
         self.model_box = QComboBox()
         self.model_box.setToolTip("Model (Ctrl+K)")
         self.model_box.setMinimumWidth(220)
-        for entry in self.library.entries():
-            self.model_box.addItem(entry.name, entry.spec)
+        self._fill_model_box()
         self.quant_box = QComboBox()
         self.quant_box.addItems(QUANT_MODES)
         self.quant_box.setToolTip("Quantisation: auto is nf4 on a GPU, none on the CPU")
@@ -131,6 +131,8 @@ class MainWindow(QMainWindow):
         file_menu.addAction("Preferences…", self.edit_preferences)
         file_menu.addSeparator()
         file_menu.addAction("Quit", self.close)
+        models_menu = bar.addMenu("&Models")
+        models_menu.addAction("Model manager…", self.open_model_manager)
         chat_menu = bar.addMenu("&Chat")
         chat_menu.addAction("Regenerate last reply", self.regenerate)
         chat_menu.addAction("Stop", self.stop)
@@ -377,6 +379,26 @@ class MainWindow(QMainWindow):
         self.progress.show()
         asyncio.ensure_future(self.bridge.switch(config))
 
+    def open_model_manager(self) -> ModelDialog:
+        dialog = ModelDialog(self.library, self.quant_box.currentText(), self)
+        dialog.load_requested.connect(self.load_model)
+        dialog.finished.connect(lambda _: self._fill_model_box())
+        dialog.open()
+        return dialog
+
+    def load_model(self, spec: str, quantization: str) -> None:
+        self._fill_model_box()
+        self.model_box.setCurrentIndex(max(0, self.model_box.findData(spec)))
+        self.quant_box.setCurrentText(quantization)
+        self._switch()
+
+    def _fill_model_box(self) -> None:
+        current = self.model_box.currentData()
+        self.model_box.clear()
+        for entry in self.library.entries():
+            self.model_box.addItem(entry.name, entry.spec)
+        self.model_box.setCurrentIndex(max(0, self.model_box.findData(current)))
+
     # -- updates ------------------------------------------------------------------------------------
 
     def _refresh_chat(self) -> None:
@@ -434,7 +456,13 @@ class MainWindow(QMainWindow):
     def _stats(self, stats: EngineStats) -> None:
         self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")
         if self.panel.isVisible():
-            self.panel.update_stats(stats)
+            owners = {}
+            for request_id, conversation_id in self.controller.request_owners.items():
+                try:
+                    owners[request_id] = (conversation_id, self.store.conversation(conversation_id).title)
+                except KeyError:
+                    continue
+            self.panel.update_stats(stats, owners)
         if self.current is not None and self.bridge.ready:
             self._update_context_meter(stats)
 

@@ -12,8 +12,8 @@ from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidg
 from engine import EngineStats
 
 HISTORY = 240  # samples: one minute at four a second
-COLORS = {"used": QColor("#3a7bd5"), "shared": QColor("#8e44ad"), "cached": QColor("#2eaa6a"),
-          "free": QColor("#cfd4da")}
+COLORS = {"shared": QColor("#8e44ad"), "cached": QColor("#2eaa6a"), "free": QColor("#b8bec6")}
+CONVERSATION_COLORS = ["#3a7bd5", "#e67e22", "#16a085", "#c0392b", "#d4ac0d", "#2c3e50", "#e84393", "#7f8c8d"]
 
 
 def _mib(n: int) -> str:
@@ -21,32 +21,39 @@ def _mib(n: int) -> str:
 
 
 class BlockPoolView(QWidget):
-    """The KV pool as a grid: blocks in use, shared, cached (reusable) and free."""
+    """The KV pool as a grid: each conversation's own blocks in its colour, then shared blocks (marked with
+    a dot), cached reusable blocks, and free ones."""
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setMinimumHeight(90)
-        self.counts = (0, 0, 0, 0)  # used, shared, cached, free
+        self.segments: list[tuple[int, QColor, bool]] = []  # (blocks, colour, marked)
 
-    def set_stats(self, stats: EngineStats) -> None:
-        self.counts = (stats.kv_blocks_used - stats.kv_blocks_shared, stats.kv_blocks_shared,
-                       stats.kv_blocks_cached, stats.kv_blocks_free)
+    def set_segments(self, segments: list[tuple[int, QColor, bool]]) -> None:
+        self.segments = [s for s in segments if s[0] > 0]
         self.update()
 
     def paintEvent(self, event) -> None:
-        total = sum(self.counts)
+        total = sum(n for n, _, _ in self.segments)
         if not total:
             return
         painter = QPainter(self)
         cols = max(1, int((self.width() * total / max(self.height(), 1)) ** 0.5))
         rows = -(-total // cols)
         cell_w, cell_h = self.width() / cols, self.height() / rows
-        colors = [COLORS["used"]] * self.counts[0] + [COLORS["shared"]] * self.counts[1]
-        colors += [COLORS["cached"]] * self.counts[2] + [COLORS["free"]] * self.counts[3]
         gap = 1.0 if min(cell_w, cell_h) > 3 else 0.0
-        for i, color in enumerate(colors):
-            r, c = divmod(i, cols)
-            painter.fillRect(QRectF(c * cell_w, r * cell_h, cell_w - gap, cell_h - gap), color)
+        i = 0
+        for count, color, marked in self.segments:
+            for _ in range(count):
+                r, c = divmod(i, cols)
+                cell = QRectF(c * cell_w, r * cell_h, cell_w - gap, cell_h - gap)
+                painter.fillRect(cell, color)
+                if marked and min(cell_w, cell_h) > 5:
+                    painter.setBrush(QColor("white"))
+                    painter.setPen(Qt.NoPen)
+                    radius = min(cell_w, cell_h) / 5
+                    painter.drawEllipse(cell.center(), radius, radius)
+                i += 1
 
 
 class Sparkline(QWidget):
@@ -94,8 +101,13 @@ class MetricsPanel(QWidget):
         self.pool = BlockPoolView()
         cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate"])
         cache.layout().addRow(self.pool)
-        legend = QLabel(" ".join(f'<span style="color:{COLORS[k].name()};">■</span> {k}' for k in COLORS))
+        legend = QLabel('<span style="color:#3a7bd5;">■</span><span style="color:#e67e22;">■</span> per chat  '
+                        + "  ".join(f'<span style="color:{COLORS[k].name()};">■</span> {k}' for k in COLORS))
         cache.layout().addRow(legend)
+        self.requests_label = QLabel("")
+        self.requests_label.setWordWrap(True)
+        self.requests_label.setTextFormat(Qt.RichText)
+        cache.layout().addRow(self.requests_label)
         layout.addWidget(cache)
         plots = QGroupBox("Last minute")
         plot_layout = QFormLayout(plots)
@@ -124,7 +136,8 @@ class MetricsPanel(QWidget):
     def record_ttft(self, seconds: float) -> None:
         self._ttfts.append(seconds)
 
-    def update_stats(self, s: EngineStats) -> None:
+    def update_stats(self, s: EngineStats, owners: dict[str, tuple[int, str]] | None = None) -> None:
+        """``owners``: request id -> (conversation id, title), to colour and name each request."""
         if self._ttfts:
             self._set("TTFT (last / median)", f"{self._ttfts[-1] * 1000:.0f} / {median(self._ttfts) * 1000:.0f} ms")
         self._set("Decode", f"{s.decode_tokens_per_s:.1f} tok/s")
@@ -141,11 +154,37 @@ class MetricsPanel(QWidget):
         self._set("Device", f"{s.device} — {s.device_reason}")
         self._set("Attention", s.attention_backend)
         self._set("Memory", f"model {_mib(s.model_memory_bytes)}, KV {_mib(s.kv_cache_memory_bytes)}")
-        self.pool.set_stats(s)
+        self._show_requests(s, owners or {})
         self.decode_plot.add(s.decode_tokens_per_s)
         self.usage_plot.add(s.kv_usage)
         self.hit_plot.add(s.prefix_hit_rate)
 
+    def _show_requests(self, s: EngineStats, owners: dict[str, tuple[int, str]]) -> None:
+        segments, rows = [], []
+        for request in s.requests:
+            conversation, title = owners.get(request.request_id, (None, request.request_id))
+            color = QColor(conversation_color(conversation))
+            segments.append((request.exclusive_blocks, color, False))
+            rate = f"{request.decode_tokens_per_s:.1f} tok/s" if request.decode_tokens_per_s else "prefill"
+            state = rate if request.running else "waiting"
+            queue = f", queued {request.queue_time_s * 1000:.0f} ms" if request.queue_time_s else ""
+            rows.append(f'<span style="color:{color.name()};">■</span> {_escape(title)[:28]}: {state}{queue}')
+        segments += [(s.kv_blocks_shared, COLORS["shared"], True), (s.kv_blocks_cached, COLORS["cached"], False),
+                     (s.kv_blocks_free, COLORS["free"], False)]
+        self.pool.set_segments(segments)
+        self.requests_label.setText("<br>".join(rows) if rows else "No request running.")
+
     def _set(self, name: str, text: str) -> None:
         if self.labels[name].text() != text:
             self.labels[name].setText(text)
+
+
+def conversation_color(conversation_id: int | None) -> str:
+    """A stable colour per conversation (grey when the request is not a chat's)."""
+    if conversation_id is None:
+        return "#7f8c8d"
+    return CONVERSATION_COLORS[conversation_id % len(CONVERSATION_COLORS)]
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -20,12 +20,12 @@ from .fit import FitEstimate, estimate
 from .kv_cache import KVCache, KVShape, blocks_for_memory
 from .loader import LoadedModel, Progress, load_model
 from .memory import return_freed_memory
-from .metrics import EngineCounters, EngineStats, RequestMetrics
+from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence
+from .sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
 
@@ -205,13 +205,25 @@ class Engine:
             model_memory_bytes=self.loaded.memory_bytes,
             peak_load_bytes=self.loaded.peak_load_bytes,
             warnings=tuple(self.loaded.warnings),
+            requests=tuple(self._snapshot(seq) for seq in self._sequences.values()),
             kv_cache_memory_bytes=self.kv_cache.memory_bytes,
             max_model_len=self.max_model_len,
         )
 
-    def block_owners(self) -> dict[str, list[int]]:
-        """Each live request's block table (for drawing the pool)."""
-        return {rid: list(s.block_table) for rid, s in self._sequences.items() if s.block_table}
+    def _snapshot(self, seq: Sequence) -> RequestSnapshot:
+        blocks = self.block_manager.blocks
+        metrics = RequestMetrics.of(seq)
+        return RequestSnapshot(
+            request_id=seq.request_id,
+            running=seq.status is Status.RUNNING,
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_prompt_tokens=seq.num_cached_prompt_tokens or 0,
+            output_tokens=seq.num_output_tokens,
+            queue_time_s=metrics.queue_time_s,
+            decode_tokens_per_s=metrics.decode_tokens_per_s,
+            blocks=len(seq.block_table),
+            exclusive_blocks=sum(1 for b in seq.block_table if blocks[b].ref_count == 1),
+        )
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: raw text, token ids, or chat messages (with the generation prompt)."""

@@ -35,6 +35,21 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestSnapshot:
+    """One live request as the stats panel shows it."""
+
+    request_id: str
+    running: bool
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    output_tokens: int
+    queue_time_s: float | None
+    decode_tokens_per_s: float | None
+    blocks: int  # blocks in its table
+    exclusive_blocks: int  # of those, the ones no other request shares
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine. Invariant: ``kv_blocks_used + kv_blocks_cached + kv_blocks_free ==
     kv_blocks_total``."""
@@ -66,6 +81,7 @@ class EngineStats:
     max_model_len: int
     peak_load_bytes: int = 0
     warnings: tuple[str, ...] = ()
+    requests: tuple[RequestSnapshot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

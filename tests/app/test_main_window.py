@@ -86,7 +86,23 @@ def test_panel_shows_the_engine_stats(window):
     assert labels["Blocks"].text() == "20 used (4 shared), 6 cached, 48 free"
     assert labels["Prefix hit rate"].text() == "42% of prompt tokens"
     assert labels["Requests"].text() == "2 running, 1 waiting"
-    assert window.panel.pool.counts == (16, 4, 6, 48)
+    assert [(n, marked) for n, _, marked in window.panel.pool.segments] == [(4, True), (6, False), (48, False)]
+
+
+def test_panel_colours_the_pool_by_conversation_and_lists_requests(window):
+    from engine.metrics import RequestSnapshot
+
+    requests = (
+        RequestSnapshot("r1", True, 40, 32, 7, 0.002, 21.5, 5, 3),
+        RequestSnapshot("r2", False, 30, 0, 0, None, None, 0, 0),
+    )
+    stats = fake_stats(kv_blocks_used=5, kv_blocks_shared=2, kv_blocks_free=53, requests=requests)
+    window.panel.update_stats(stats, {"r1": (window.current, "Trip planning")})
+    segments = window.panel.pool.segments
+    assert segments[0][0] == 3 and segments[0][1].name() != segments[1][1].name()
+    assert sum(n for n, _, _ in segments) == stats.kv_blocks_total
+    text = window.panel.requests_label.text()
+    assert "Trip planning: 21.5 tok/s, queued 2 ms" in text and "r2: waiting" in text
 
 
 def test_search_filters_the_sidebar(qtbot, window, qloop, store):

@@ -154,3 +154,23 @@ def test_duplicate_request_id_is_rejected(engine):
 def test_bad_sampling_params_are_refused(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_stats_list_live_requests_with_their_blocks(tiny_llama):
+    engine = Engine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, block_size=4))
+    system = "shared words " * 12
+    a = engine.add_request(system + "first", SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.step()
+    b = engine.add_request(system + "second", SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.step()
+    stats = engine.stats()
+    snapshots = {r.request_id: r for r in stats.requests}
+    assert set(snapshots) == {a, b} and all(r.running for r in snapshots.values())
+    assert snapshots[b].cached_prompt_tokens > 0 and snapshots[a].output_tokens == 2
+    exclusive = sum(r.exclusive_blocks for r in snapshots.values())
+    assert exclusive + stats.kv_blocks_shared == stats.kv_blocks_used
+    assert all(r.blocks > r.exclusive_blocks for r in snapshots.values())  # both hold the shared prefix
+    engine.abort(a)
+    engine.abort(b)
+    engine.step()
+    assert engine.stats().requests == ()

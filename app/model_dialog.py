@@ -1,0 +1,164 @@
+"""The model manager: the library as a table, add and remove, and the fit estimate before loading."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDialog,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QTableView,
+    QVBoxLayout,
+)
+
+from engine import EngineConfig, EngineError
+from engine.fit import estimate
+from engine.library import LibraryEntry, ModelLibrary
+
+COLUMNS = ("Name", "Architecture", "Parameters", "Context", "On disk", "Licence", "Source")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024**3:.2f} GB" if n >= 1024**3 else f"{n / 1024**2:.0f} MB"
+
+
+class LibraryTableModel(QAbstractTableModel):
+    """The model library as rows."""
+
+    def __init__(self, library: ModelLibrary, parent=None) -> None:
+        super().__init__(parent)
+        self.library = library
+        self.entries: list[LibraryEntry] = library.entries()
+
+    def refresh(self) -> None:
+        self.beginResetModel()
+        self.entries = self.library.entries()
+        self.endResetModel()
+
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008 - Qt's signature
+        return 0 if parent.isValid() else len(self.entries)
+
+    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008 - Qt's signature
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation, role: int = Qt.DisplayRole):
+        if role == Qt.DisplayRole and orientation == Qt.Horizontal and 0 <= section < len(COLUMNS):
+            return COLUMNS[section]
+        return None
+
+    def data(self, index: QModelIndex, role: int = Qt.DisplayRole):
+        if not index.isValid() or not 0 <= index.row() < len(self.entries):
+            return None
+        entry = self.entries[index.row()]
+        if role == Qt.UserRole:
+            return entry.spec
+        if role != Qt.DisplayRole:
+            return None
+        info = entry.info
+        return (info.name, info.architecture, f"{info.parameter_count / 1e6:,.0f} M", f"{info.context_length:,}",
+                _size(info.size_on_disk), info.licence or "–",
+                "bundled" if entry.builtin else entry.spec)[index.column()]
+
+
+class ModelDialog(QDialog):
+    """Emits ``load_requested(spec, quantization)`` when the user loads a model."""
+
+    load_requested = Signal(str, str)
+
+    def __init__(self, library: ModelLibrary, quantization: str = "auto", parent=None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Models")
+        self.library = library
+        self.model = LibraryTableModel(library, self)
+        self.table = QTableView()
+        self.table.setModel(self.model)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.quant = QComboBox()
+        self.quant.addItems(["auto", "none", "int8", "nf4", "fp4"])
+        self.quant.setCurrentText(quantization)
+        self.fit = QLabel("Select a model to see whether it fits.")
+        self.fit.setWordWrap(True)
+        self.add_file, self.add_folder = QPushButton("Add GGUF file…"), QPushButton("Add model folder…")
+        self.remove, self.load = QPushButton("Remove"), QPushButton("Load")
+        self.load.setDefault(True)
+        details = QFormLayout()
+        details.addRow("Quantisation", self.quant)
+        details.addRow("Fit", self.fit)
+        buttons = QHBoxLayout()
+        for button in (self.add_file, self.add_folder, self.remove):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.load)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(details)
+        layout.addLayout(buttons)
+        self.table.selectionModel().selectionChanged.connect(lambda *_: self.update_fit())
+        self.quant.currentTextChanged.connect(lambda _: self.update_fit())
+        self.add_file.clicked.connect(self._ask_file)
+        self.add_folder.clicked.connect(self._ask_folder)
+        self.remove.clicked.connect(self.remove_selected)
+        self.load.clicked.connect(self._load)
+        self.table.selectRow(0)
+        self.resize(900, 420)
+
+    def selected(self) -> LibraryEntry | None:
+        rows = self.table.selectionModel().selectedRows()
+        return self.model.entries[rows[0].row()] if rows else None
+
+    def update_fit(self) -> None:
+        entry = self.selected()
+        self.remove.setEnabled(entry is not None and not entry.builtin)
+        if entry is None:
+            return
+        try:
+            fit = estimate(EngineConfig(model=entry.spec, quantization=self.quant.currentText()))
+        except EngineError as exc:
+            self.fit.setText(f"Can't be loaded: {exc}")
+            return
+        verdict = "Fits." if fit.fits else "Does not fit in the free memory."
+        self.fit.setText(f"{verdict} {fit.summary()}")
+
+    def add(self, spec: str) -> LibraryEntry | None:
+        try:
+            entry = self.library.add(spec)
+        except EngineError as exc:
+            QMessageBox.warning(self, "Can't add this model", str(exc))
+            return None
+        self.model.refresh()
+        self.table.selectRow(next(i for i, e in enumerate(self.model.entries) if e.spec == entry.spec))
+        return entry
+
+    def remove_selected(self) -> None:
+        entry = self.selected()
+        if entry is not None and not entry.builtin:
+            self.library.remove(entry.name)
+            self.model.refresh()
+            self.table.selectRow(0)
+
+    def _ask_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf)")
+        if path:
+            self.add(path)
+
+    def _ask_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Add a Hugging Face model folder")
+        if path:
+            self.add(path)
+
+    def _load(self) -> None:
+        entry = self.selected()
+        if entry is not None:
+            self.load_requested.emit(entry.spec, self.quant.currentText())
+            self.accept()

@@ -1,0 +1,57 @@
+"""The model manager dialog over the library, and the model picker in the top bar."""
+
+from app.model_dialog import LibraryTableModel, ModelDialog
+from engine.library import ModelLibrary
+
+
+def test_library_table_model_passes_the_model_tester(qtmodeltester, tmp_path, monkeypatch, tiny_llama):
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
+    library = ModelLibrary()
+    library.add(str(tiny_llama))
+    model = LibraryTableModel(library)
+    qtmodeltester.check(model)
+    assert model.rowCount() == 2 and model.index(0, 0).data() == "SmolLM2-135M-Instruct"
+    assert model.index(0, 6).data() == "bundled" and model.index(1, 1).data() == "llama"
+
+
+def test_add_shows_fit_and_remove(qtbot, tmp_path, monkeypatch, tiny_llama):
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
+    dialog = ModelDialog(ModelLibrary(), "nf4")
+    qtbot.addWidget(dialog)
+    assert "Fits." in dialog.fit.text() and "(nf4, float32)" in dialog.fit.text()
+    assert not dialog.remove.isEnabled()  # the bundled model stays
+    entry = dialog.add(str(tiny_llama))
+    assert dialog.selected().spec == entry.spec and dialog.remove.isEnabled()
+    dialog.quant.setCurrentText("none")
+    assert "(none, float32)" in dialog.fit.text()
+    dialog.remove_selected()
+    assert dialog.model.rowCount() == 1
+
+
+def test_bad_model_is_refused_in_words(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
+    warnings = []
+    monkeypatch.setattr("app.model_dialog.QMessageBox.warning", lambda parent, title, text: warnings.append(text))
+    dialog = ModelDialog(ModelLibrary())
+    qtbot.addWidget(dialog)
+    (tmp_path / "model.pt").write_bytes(b"pickle")
+    assert dialog.add(str(tmp_path / "model.pt")) is None
+    assert "pickle checkpoint" in warnings[0] and dialog.model.rowCount() == 1
+
+
+def test_loading_from_the_manager_switches_the_bridge(qtbot, window, qloop, tmp_path, tiny_llama, monkeypatch):
+    switched = []
+
+    async def switch(config):
+        switched.append(config)
+
+    monkeypatch.setattr(window.bridge, "switch", switch)
+    window.library.add(str(tiny_llama))
+    dialog = window.open_model_manager()
+    dialog.table.selectRow(1)
+    dialog.quant.setCurrentText("int8")
+    with qtbot.wait_signal(dialog.finished):
+        dialog.load.click()
+    qloop.run_until_complete(__import__("asyncio").sleep(0.01))
+    assert switched[-1].model == str(tiny_llama.resolve()) and switched[-1].quantization == "int8"
+    assert window.model_box.currentText() == "llama" and window.quant_box.currentText() == "int8"
