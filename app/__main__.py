@@ -59,16 +59,17 @@ def run(args: argparse.Namespace) -> int:
     window = MainWindow(store, bridge)
     window.show()
     bridge.start(EngineConfig(model=args.model, quantization=args.quant, device=args.device))
-    try:
-        with loop:
+    with loop:
+        try:
             if args.self_test:
                 return loop.run_until_complete(self_test(window))
             app.aboutToQuit.connect(loop.stop)
             loop.run_forever()
             return 0
-    finally:
-        bridge.shutdown()
-        store.close()
+        finally:
+            bridge.shutdown()  # the engine thread ends before Qt and the loop are torn down
+            window.close()
+            store.close()
 
 
 async def self_test(window) -> int:

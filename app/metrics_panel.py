@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidg
 from engine import EngineStats
 
 HISTORY = 240  # samples: one minute at four a second
-COLORS = {"shared": QColor("#8e44ad"), "cached": QColor("#2eaa6a"), "free": QColor("#b8bec6")}
+COLORS = {"shared": QColor("#8e44ad"), "cached": QColor("#2eaa6a"), "free": QColor("#9aa1aa")}
 CONVERSATION_COLORS = ["#3a7bd5", "#e67e22", "#16a085", "#c0392b", "#d4ac0d", "#2c3e50", "#e84393", "#7f8c8d"]
 
 

@@ -23,6 +23,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def qloop(qapp):
+    """An asyncio loop running inside Qt's event loop (qasync), as in the app."""
+    import asyncio
+
+    import qasync
+
+    loop = qasync.QEventLoop(qapp, already_running=False)
+    asyncio.set_event_loop(loop)
+    yield loop
+    loop.close()
+    asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def store(tmp_path):
+    from app.store import Store
+
+    s = Store(tmp_path / "kvasir.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def private_qt_settings(tmp_path_factory):
+    """Window geometry and other QSettings go to a temporary folder, never the user's."""
+    from PySide6.QtCore import QSettings
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path_factory.mktemp("qsettings")))
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     """The default model's tokenizer, saved once in Hugging Face format for the tiny models to share."""
