@@ -77,15 +77,17 @@ async def self_test(window) -> int:
     from .bridge import wait_for
 
     started = time.perf_counter()
-    if not window.bridge.ready:
-        done = asyncio.ensure_future(wait_for(window.bridge.loaded, SELF_TEST_TIMEOUT_S))
-        failed = asyncio.ensure_future(wait_for(window.bridge.load_failed, SELF_TEST_TIMEOUT_S))
-        finished, _ = await asyncio.wait({done, failed}, return_when=asyncio.FIRST_COMPLETED)
-        for pending in (done, failed):
-            pending.cancel()
-        if failed in finished:
-            print(f"self-test failed: the model did not load: {failed.result()[0]}", file=sys.stderr)
-            return 1
+    bridge = window.bridge
+    done = asyncio.ensure_future(wait_for(bridge.loaded, SELF_TEST_TIMEOUT_S))
+    failed = asyncio.ensure_future(wait_for(bridge.load_failed, SELF_TEST_TIMEOUT_S))
+    await asyncio.sleep(0)  # both are listening now; anything that happened before shows in the bridge's state
+    if not bridge.ready and bridge.load_error is None:
+        await asyncio.wait({done, failed}, return_when=asyncio.FIRST_COMPLETED)
+    for pending in (done, failed):
+        pending.cancel()
+    if not bridge.ready:
+        print(f"self-test failed: the model did not load: {bridge.load_error}", file=sys.stderr)
+        return 1
     load_s = time.perf_counter() - started
     message = await window.send(SELF_TEST_PROMPT)
     stats = message.stats

@@ -30,6 +30,7 @@ class EngineBridge(QObject):
         self.engine: AsyncEngine | None = None
         self.config: EngineConfig | None = None
         self.loading = False
+        self.load_error: str | None = None  # why the last load failed
         self._timer = QTimer(self)
         self._timer.setInterval(STATS_INTERVAL_MS)
         self._timer.timeout.connect(self._poll_stats)
@@ -41,14 +42,14 @@ class EngineBridge(QObject):
 
     def start(self, config: EngineConfig) -> None:
         """Load the first model in a background thread; the window stays responsive."""
-        self.config, self.loading = config, True
+        self.config, self.loading, self.load_error = config, True, None
         threading.Thread(target=self._load, args=(config,), name="kvasir-load", daemon=True).start()
 
     def _load(self, config: EngineConfig) -> None:
         try:
             engine = AsyncEngine(config, progress=self._report_progress)
         except Exception as exc:  # shown to the user in words
-            self.loading = False
+            self.loading, self.load_error = False, str(exc)
             self.load_failed.emit(str(exc))
             return
         self.engine, self.loading = engine, False
@@ -66,6 +67,7 @@ class EngineBridge(QObject):
         try:
             await self.engine.switch_model(config, progress=self._report_progress)
         except Exception as exc:
+            self.load_error = str(exc)
             self.load_failed.emit(str(exc))
         else:
             self.config = config

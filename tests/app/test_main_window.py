@@ -114,3 +114,20 @@ def test_search_filters_the_sidebar(qtbot, window, qloop, store):
     assert [model.index(i).data() for i in range(model.rowCount())] == ["bananas are yellow"]
     window.sidebar.search.setText("")
     assert model.rowCount() == 2
+
+
+def test_a_reply_cut_off_by_closing_the_app_is_stored_as_partial(window, qloop, store, tmp_path, monkeypatch):
+    import app.chat_controller as controller_module
+
+    monkeypatch.setattr(controller_module, "SAVE_INTERVAL_S", 0.0)
+    window.bridge.gate = asyncio.Event()  # the stream stalls after two words, as if the app died mid-reply
+    window.send("Tell me about Paris")
+    qloop.run_until_complete(asyncio.sleep(0.05))
+    from app.store import Store
+
+    reopened = Store(store.path)  # what a restarted app would read
+    reply = reopened.thread(window.current)[-1]
+    assert reply.role == "assistant" and reply.status == "partial" and reply.text == "Paris is"
+    reopened.close()
+    window.stop()
+    qloop.run_until_complete(asyncio.sleep(0.05))

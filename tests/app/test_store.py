@@ -90,3 +90,20 @@ def test_reopening_the_file_keeps_everything(tmp_path):
     assert (again.title, again.system_prompt, again.settings) == ("kept", "Be brief.", {"temperature": 0.3})
     assert [m.text for m in second.thread(again.id)] == ["hi"]
     second.close()
+
+
+def test_older_databases_are_migrated_forward(tmp_path, monkeypatch):
+    import app.store as store_module
+
+    path = tmp_path / "old.db"
+    old = Store(path)
+    conv = old.create_conversation("kept across the upgrade")
+    old.close()
+    monkeypatch.setitem(store_module.MIGRATIONS, 2, "ALTER TABLE conversations ADD COLUMN colour TEXT")
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
+    upgraded = Store(path)
+    assert upgraded.schema_version == 2
+    assert upgraded.conversation(conv.id).title == "kept across the upgrade"
+    columns = [row[1] for row in upgraded._db.execute("PRAGMA table_info(conversations)")]
+    assert "colour" in columns
+    upgraded.close()
