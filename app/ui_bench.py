@@ -1,0 +1,101 @@
+"""``python -m app.ui_bench``: does the window slow the engine, and does the window stay responsive?
+
+Runs the real window offscreen on the default model: the same chats generate with the engine panel shown
+and hidden, alternately, and a 10 ms timer measures how late the GUI thread answers while they stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHATS, TOKENS, ROUNDS = 4, 96, 2
+
+
+async def generate_round(window, panel_visible: bool) -> float:
+    """Decode tokens/s of ``CHATS`` chats generating together."""
+    from .chat_controller import DEFAULT_SAMPLING
+
+    window.panel_button.setChecked(panel_visible)
+    tasks = []
+    for i in range(CHATS):
+        window.new_conversation()
+        window.store.update_conversation(window.current, settings={
+            **DEFAULT_SAMPLING, "temperature": 0.0, "max_tokens": TOKENS, "seed": i})
+        tasks.append(window.send(f"Write a long story about the number {i}."))
+    started = time.perf_counter()
+    replies = await asyncio.gather(*tasks)
+    return sum(r.stats["output_tokens"] for r in replies) / (time.perf_counter() - started)
+
+
+def main() -> int:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["KVASIR_DATA_DIR"] = tempfile.mkdtemp(prefix="kvasir-ui-bench-")
+    import qasync
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from engine import EngineConfig
+
+    from .bridge import EngineBridge, wait_for
+    from .main_window import MainWindow
+    from .store import Store
+
+    app = QApplication(sys.argv[:1])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    store = Store(Path(os.environ["KVASIR_DATA_DIR"]) / "kvasir.db")
+    bridge = EngineBridge()
+    window = MainWindow(store, bridge)
+    window.show()
+    lateness: list[float] = []
+    ticker = QTimer(interval=10)
+    last = [time.perf_counter()]
+
+    def tick() -> None:
+        now = time.perf_counter()
+        lateness.append(max(0.0, now - last[0] - 0.010))
+        last[0] = now
+
+    ticker.timeout.connect(tick)
+
+    async def run() -> dict:
+        waiting = asyncio.ensure_future(wait_for(bridge.loaded, 600))
+        bridge.start(EngineConfig(model="default", num_kv_blocks=1024))
+        await waiting
+        await generate_round(window, True)  # warm-up
+        shown, hidden = [], []
+        last[0] = time.perf_counter()
+        ticker.start()
+        for _ in range(ROUNDS):
+            shown.append(await generate_round(window, True))
+            hidden.append(await generate_round(window, False))
+        ticker.stop()
+        late = sorted(lateness)
+        return {
+            "chats": CHATS, "tokens": TOKENS, "rounds": ROUNDS,
+            "panel_shown_tokens_per_s": statistics.median(shown),
+            "panel_hidden_tokens_per_s": statistics.median(hidden),
+            "ratio_shown_to_hidden": statistics.median(shown) / statistics.median(hidden),
+            "gui_lateness_p50_ms": 1000 * late[len(late) // 2],
+            "gui_lateness_p99_ms": 1000 * late[int(len(late) * 0.99)],
+            "gui_lateness_max_ms": 1000 * late[-1],
+        }
+
+    with loop:
+        report = loop.run_until_complete(run())
+        bridge.shutdown()
+        window.close()
+        store.close()
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
