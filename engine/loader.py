@@ -5,13 +5,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from . import gguf_cache
 from .config import EngineConfig
 from .devices import resolve_dtype, resolve_quantization
 from .errors import ModelLoadError, UnsupportedModelError
-from .memory import PeakMemory
+from .memory import PeakMemory, return_freed_memory
 from .quantization import module_bytes, quantize_model
 from .sources import ModelSource, resolve_source
 
@@ -41,6 +43,7 @@ class LoadedModel:
     memory_bytes: int
     peak_load_bytes: int
     warnings: list[str] = field(default_factory=list)
+    loaded_from: Path | None = None  # where the weights were read (a converted copy of a GGUF file, say)
 
 
 def _no_progress(fraction: float, phrase: str) -> None:
@@ -56,13 +59,20 @@ def load_model(
     source = resolve_source(config.model)
     dtype = resolve_dtype(config.dtype, device)
     quantization = resolve_quantization(config.quantization, device)
+    converted = gguf_cache.lookup(source)
+    files = ModelSource(source.name, converted, origin=source.origin) if converted else source
     report(0.05, "reading the tokenizer")
-    tokenizer, warnings = load_tokenizer(source)
-    report(0.15, "reading the weights")
-    with PeakMemory(device) as peak:
-        model = _load_weights(source, dtype, attn_implementation)
+    tokenizer, warnings = load_tokenizer(files)
+    report(0.15, "reading the weights" if converted or source.kind == "hf" else "converting the GGUF file (once)")
+    with PeakMemory(device) as reading:
+        model = _load_weights(files, dtype, attn_implementation)
         max_model_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
         check_supported(model.config, max_model_len)
+    if files.kind == "gguf" and dtype == torch.float32 and not warnings:
+        report(0.55, "keeping a converted copy for faster loads")
+        gguf_cache.store(source, model, tokenizer)  # not part of loading's peak: it happens once per file
+        return_freed_memory()
+    with PeakMemory(device) as placing:
         if quantization != "none":
             phrase = f"quantising to {quantization}"
             report(0.6, phrase)
@@ -80,8 +90,9 @@ def load_model(
         max_model_len=max_model_len,
         eos_token_ids=_eos_token_ids(model, tokenizer),
         memory_bytes=module_bytes(model),
-        peak_load_bytes=peak.bytes,
+        peak_load_bytes=max(reading.bytes, placing.start - reading.start + placing.bytes),
         warnings=warnings,
+        loaded_from=files.path,
     )
 
 

@@ -46,20 +46,20 @@ class PeakMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.bytes = 0
-        self._start = 0
+        self.start = 0
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            self._start = torch.cuda.memory_allocated(self.device)
+            self.start = torch.cuda.memory_allocated(self.device)
         else:
             _reset_peak_rss()
-            self._start = resident_bytes()
+            self.start = resident_bytes()
         return self
 
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
-            self.bytes = torch.cuda.max_memory_allocated(self.device) - self._start
+            self.bytes = torch.cuda.max_memory_allocated(self.device) - self.start
         else:
-            self.bytes = max(0, _status_kib("VmHWM:") * 1024 - self._start)
+            self.bytes = max(0, _status_kib("VmHWM:") * 1024 - self.start)

@@ -7,6 +7,10 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "KVASIR_CACHE_DIR" not in os.environ:  # converted GGUF copies go to a folder of this test run
+    import tempfile
+
+    os.environ["KVASIR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvasir-test-cache-")
 
 import pytest
 import torch

@@ -103,3 +103,17 @@ def test_model_without_chat_template_gets_a_fallback_and_a_warning(tiny_llama, t
     assert any("no chat template" in w for w in engine.stats().warnings)
     text = engine.tokenizer.decode(engine.encode_prompt([{"role": "user", "content": "Hi"}]))
     assert text.endswith("User: Hi\n\nAssistant:")
+
+
+def test_gguf_is_converted_once_then_loaded_from_the_copy(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVASIR_CACHE_DIR", str(tmp_path / "cache"))
+    first = Engine(EngineConfig(model=str(tiny_gguf), num_kv_blocks=64))
+    assert first.loaded.loaded_from == tiny_gguf
+    second = Engine(EngineConfig(model=str(tiny_gguf), num_kv_blocks=64))
+    assert second.loaded.loaded_from.parent == tmp_path / "cache" / "gguf"
+    assert second.stats().model_name == "tiny-llama" and second.loaded.source.kind == "gguf"
+    assert second.encode_prompt(CHAT[0]) == first.encode_prompt(CHAT[0])
+    assert second.generate(CHAT, GREEDY)[0].token_ids == first.generate(CHAT, GREEDY)[0].token_ids
+    tiny_gguf.touch()  # a changed file is converted afresh
+    third = Engine(EngineConfig(model=str(tiny_gguf), num_kv_blocks=64))
+    assert third.loaded.loaded_from == tiny_gguf
