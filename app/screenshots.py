@@ -7,10 +7,10 @@ the real default model, so the panel's numbers are live.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from .offscreen import start_offscreen
 
 EXAMPLE_QUESTION = "How do I sort a list of dicts by a key in Python? A small table of options, please."
 EXAMPLE_REPLY = """Use `sorted` with a `key` function:
@@ -71,39 +71,16 @@ async def capture(window, out: Path) -> None:
 
 
 def main() -> int:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    os.environ["KVASIR_DATA_DIR"] = tempfile.mkdtemp(prefix="kvasir-screens-")
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs")
     out.mkdir(parents=True, exist_ok=True)
-    import qasync
-    from PySide6.QtWidgets import QApplication
-
-    from engine import EngineConfig
-
-    from .bridge import EngineBridge, wait_for
-    from .main_window import MainWindow
-    from .store import Store
-
-    app = QApplication(sys.argv[:1])
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
-    store = Store(Path(os.environ["KVASIR_DATA_DIR"]) / "kvasir.db")
-    bridge = EngineBridge()
-    window = MainWindow(store, bridge)
-    window.resize(1360, 860)
-    window.show()
+    session = start_offscreen("kvasir-screens-")
+    session.window.resize(1360, 860)
 
     async def run() -> None:
-        waiting = asyncio.ensure_future(wait_for(bridge.loaded, 600))
-        bridge.start(EngineConfig(model="default", num_kv_blocks=512))
-        await waiting
-        await capture(window, out)
+        await session.load(model="default", num_kv_blocks=512)
+        await capture(session.window, out)
 
-    with loop:
-        loop.run_until_complete(run())
-        bridge.shutdown()
-        window.close()
-        store.close()
+    session.run(run())
     print(f"screenshots written to {out}/")
     return 0
 

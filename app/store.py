@@ -48,6 +48,10 @@ MIGRATIONS: dict[int, str] = {
 }
 
 
+CONVERSATION_FIELDS = {"title", "pinned", "system_prompt", "preset", "settings", "head_id", "updated"}
+MESSAGE_FIELDS = {"text", "stats", "status", "error", "model", "quantization"}
+
+
 @dataclass(slots=True)
 class Message:
     id: int
@@ -124,16 +128,8 @@ class Store:
         return [_conversation(r) for r in rows]
 
     def update_conversation(self, conversation_id: int, **fields) -> Conversation:
-        allowed = {"title", "pinned", "system_prompt", "preset", "settings", "head_id"}
-        if not fields.keys() <= allowed:
-            raise ValueError(f"unknown fields: {sorted(fields.keys() - allowed)}")
-        if "settings" in fields:
-            fields["settings"] = json.dumps(fields["settings"])
-        assignments = ", ".join(f"{key} = ?" for key in fields)
-        self._db.execute(
-            f"UPDATE conversations SET {assignments}, updated = ? WHERE id = ?",
-            (*fields.values(), time.time(), conversation_id),
-        )
+        fields["updated"] = time.time()
+        self._update("conversations", CONVERSATION_FIELDS, conversation_id, fields)
         return self.conversation(conversation_id)
 
     def delete_conversation(self, conversation_id: int) -> None:
@@ -164,13 +160,7 @@ class Store:
         return self.message(cursor.lastrowid)
 
     def update_message(self, message_id: int, **fields) -> Message:
-        allowed = {"text", "stats", "status", "error", "model", "quantization"}
-        if not fields.keys() <= allowed:
-            raise ValueError(f"unknown fields: {sorted(fields.keys() - allowed)}")
-        if "stats" in fields:
-            fields["stats"] = json.dumps(fields["stats"])
-        assignments = ", ".join(f"{key} = ?" for key in fields)
-        self._db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*fields.values(), message_id))
+        self._update("messages", MESSAGE_FIELDS, message_id, fields)
         return self.message(message_id)
 
     def message(self, message_id: int) -> Message:
@@ -231,6 +221,14 @@ class Store:
         return [(self.conversation(r["cid"]), self.message(r["mid"])) for r in rows]
 
     # -- internals ----------------------------------------------------------------------------------
+
+    def _update(self, table: str, allowed: set[str], row_id: int, fields: dict) -> None:
+        """Set ``fields`` (names checked against ``allowed``; dicts stored as JSON) on one row of ``table``."""
+        if not fields.keys() <= allowed:
+            raise ValueError(f"unknown fields: {sorted(fields.keys() - allowed)}")
+        values = [json.dumps(v) if isinstance(v, dict) else v for v in fields.values()]
+        assignments = ", ".join(f"{key} = ?" for key in fields)
+        self._db.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values, row_id))
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
+
+from .offscreen import start_offscreen
 
 CHATS, TOKENS, ROUNDS = 4, 96, 2
 
@@ -35,25 +34,10 @@ async def generate_round(window, panel_visible: bool) -> float:
 
 
 def main() -> int:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    os.environ["KVASIR_DATA_DIR"] = tempfile.mkdtemp(prefix="kvasir-ui-bench-")
-    import qasync
     from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication
 
-    from engine import EngineConfig
-
-    from .bridge import EngineBridge, wait_for
-    from .main_window import MainWindow
-    from .store import Store
-
-    app = QApplication(sys.argv[:1])
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
-    store = Store(Path(os.environ["KVASIR_DATA_DIR"]) / "kvasir.db")
-    bridge = EngineBridge()
-    window = MainWindow(store, bridge)
-    window.show()
+    session = start_offscreen("kvasir-ui-bench-")
+    window = session.window
     lateness: list[float] = []
     ticker = QTimer(interval=10)
     last = [time.perf_counter()]
@@ -66,9 +50,7 @@ def main() -> int:
     ticker.timeout.connect(tick)
 
     async def run() -> dict:
-        waiting = asyncio.ensure_future(wait_for(bridge.loaded, 600))
-        bridge.start(EngineConfig(model="default", num_kv_blocks=1024))
-        await waiting
+        await session.load(model="default", num_kv_blocks=1024)
         await generate_round(window, True)  # warm-up
         shown, hidden = [], []
         last[0] = time.perf_counter()
@@ -88,12 +70,7 @@ def main() -> int:
             "gui_lateness_max_ms": 1000 * late[-1],
         }
 
-    with loop:
-        report = loop.run_until_complete(run())
-        bridge.shutdown()
-        window.close()
-        store.close()
-    print(json.dumps(report))
+    print(json.dumps(session.run(run())))
     return 0
 
 
