@@ -89,6 +89,9 @@ async def self_test(window) -> int:
         print(f"self-test failed: the model did not load: {bridge.load_error}", file=sys.stderr)
         return 1
     load_s = time.perf_counter() - started
+    conversation = window.store.conversation(window.current)  # greedy, so the check is repeatable
+    window.store.update_conversation(window.current, settings={**conversation.settings, "temperature": 0.0,
+                                                               "max_tokens": 48})
     message = await window.send(SELF_TEST_PROMPT)
     stats = message.stats
     if message.status != "complete" or not message.text.strip():
