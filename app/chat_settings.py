@@ -71,13 +71,7 @@ class ChatSettingsDialog(QDialog):
         persona_form = QFormLayout(persona)
         persona_form.addRow("Preset", self.preset)
         persona_form.addRow("System prompt", self.prompt)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addWidget(persona)
-        layout.addWidget(self.sampling)
-        layout.addWidget(buttons)
+        _stack_with_ok_cancel(self, persona, self.sampling)
         self.preset.currentTextChanged.connect(self._preset_chosen)
         self.prompt.textChanged.connect(self._prompt_edited)
         self.resize(560, 620)
@@ -116,17 +110,21 @@ class PreferencesDialog(QDialog):
         form = QFormLayout(general)
         form.addRow("Theme", self.theme)
         form.addRow("Persona for new chats", self.preset)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addWidget(general)
-        layout.addWidget(self.sampling)
-        layout.addWidget(buttons)
+        _stack_with_ok_cancel(self, general, self.sampling)
 
     def result_values(self) -> dict:
         return {"theme": self.theme.currentText(), "preset": self.preset.currentText(),
                 "sampling": self.sampling.values()}
+
+
+def _stack_with_ok_cancel(dialog: QDialog, *widgets) -> None:
+    layout = QVBoxLayout(dialog)
+    for widget in widgets:
+        layout.addWidget(widget)
+    buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+    buttons.accepted.connect(dialog.accept)
+    buttons.rejected.connect(dialog.reject)
+    layout.addWidget(buttons)
 
 
 def _double(low: float, high: float, step: float, value: float) -> QDoubleSpinBox:
