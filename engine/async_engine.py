@@ -134,11 +134,6 @@ class AsyncEngine:
     def tokenizer(self):
         return self._engine.tokenizer
 
-    @property
-    def engine(self) -> Engine:
-        """The engine itself: only for reading configuration; every torch call belongs to its thread."""
-        return self._engine
-
     def shutdown(self) -> None:
         """Abort everything and stop the thread."""
         if self._thread.is_alive():
