@@ -3,7 +3,7 @@
 from .async_engine import AsyncEngine
 from .config import EngineConfig
 from .engine import Engine
-from .errors import EngineError, ModelLoadError, UnsupportedModelError
+from .errors import EngineDeadError, EngineError, ModelLoadError, UnsupportedModelError
 from .metrics import EngineStats, RequestMetrics
 from .outputs import RequestOutput
 from .sampling import SamplingParams
@@ -12,6 +12,7 @@ __all__ = [
     "AsyncEngine",
     "Engine",
     "EngineConfig",
+    "EngineDeadError",
     "EngineError",
     "EngineStats",
     "ModelLoadError",

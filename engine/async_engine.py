@@ -2,6 +2,10 @@
 
 One background thread owns the model and every torch call. Other threads talk to it through a command
 queue; outputs travel back to each caller's event loop with ``call_soon_threadsafe``.
+
+The thread survives any failure of a step (the engine ends the requests it touched and carries on). If it
+dies anyway, every open stream ends at once with :class:`EngineDeadError`, later calls raise it, and
+``on_failure`` tells the owner why, so nothing waits for ever.
 """
 
 from __future__ import annotations
@@ -12,22 +16,26 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from .config import EngineConfig
-from .engine import Engine, Prompt
+from .engine import Engine, Prompt, describe_failure
+from .errors import EngineDeadError
 from .metrics import EngineStats
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.05
+SHUTDOWN_MESSAGE = "the engine has shut down"
 
 
 class RequestStream:
-    """Async iterator over one request's outputs. Leaving it early, or cancelling, aborts the request."""
+    """Async iterator over one request's outputs. Leaving it early, cancelling, or dropping it aborts the
+    request (the engine holds streams weakly, so an abandoned stream does not generate to ``max_tokens``)."""
 
     def __init__(self, engine: AsyncEngine, request_id: str) -> None:
         self.request_id = request_id
@@ -70,7 +78,10 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """The engine in a background thread; see DESIGN.md. Construction loads the model and may raise."""
+    """The engine in a background thread; see DESIGN.md. Construction loads the model and may raise.
+
+    ``on_failure(reason)`` is called once, from the engine thread, if the thread dies.
+    """
 
     def __init__(
         self,
@@ -78,13 +89,17 @@ class AsyncEngine:
         *,
         progress=None,
         engine_factory: Callable[[], Engine] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ):
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, RequestStream]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, weakref.ref[RequestStream]]] = {}
+        self._lock = threading.Lock()  # guards _streams and failure against a dying thread
         self._ids = itertools.count()
         self._stats: EngineStats | None = None
         self._stopping = False
         self._engine: Engine | None = None
+        self._on_failure = on_failure
+        self.failure: str | None = None  # why the engine thread stopped; None while it serves
         factory = engine_factory or (lambda: Engine(config, progress))
         loaded: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, args=(factory, loaded), name="kvasir-engine", daemon=True)
@@ -93,13 +108,23 @@ class AsyncEngine:
 
     # -- public API ---------------------------------------------------------------------------------
 
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread serves requests."""
+        return self.failure is None and self._thread.is_alive()
+
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None) -> RequestStream:
-        """Start a request; iterate the result with ``async for`` to receive its outputs."""
+        """Start a request; iterate the result with ``async for`` to receive its outputs.
+
+        Raises :class:`EngineDeadError` when the engine thread has stopped.
+        """
         loop = asyncio.get_running_loop()
         request_id = f"areq-{next(self._ids)}"
         stream = RequestStream(self, request_id)
-        self._streams[request_id] = (loop, stream)
-        self._commands.put(("add", (request_id, prompt, sampling)))
+        with self._lock:
+            self._raise_if_dead()
+            self._streams[request_id] = (loop, weakref.ref(stream))
+            self._commands.put(("add", (request_id, prompt, sampling)))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -109,7 +134,11 @@ class AsyncEngine:
     def call(self, fn: Callable[[Engine], Any]) -> Future:
         """Run ``fn(engine)`` on the engine thread between steps; returns a concurrent Future."""
         future: Future = Future()
-        self._commands.put(("call", (fn, future)))
+        with self._lock:
+            if self.failure is not None:
+                future.set_exception(EngineDeadError(self.failure))
+            else:
+                self._commands.put(("call", (fn, future)))
         return future
 
     async def run(self, fn: Callable[[Engine], Any]) -> Any:
@@ -120,9 +149,12 @@ class AsyncEngine:
         """Switch the model on the engine thread (see :meth:`Engine.switch_model`); raises if it fails."""
 
         def switch(engine: Engine) -> None:
-            engine.switch_model(config, progress)
-            self._dispatch(engine.step())  # deliver the aborts of interrupted requests
-            self._stats = engine.stats()
+            try:
+                engine.switch_model(config, progress)
+            finally:
+                if engine.has_model:
+                    self._dispatch(engine.step())  # deliver the aborts of interrupted requests
+                    self._stats = engine.stats()
 
         await self.run(switch)
 
@@ -140,6 +172,7 @@ class AsyncEngine:
             self._stopping = True
             self._commands.put(("stop", None))
             self._thread.join(timeout=30)
+        self._end_streams(SHUTDOWN_MESSAGE)
 
     # -- the engine thread --------------------------------------------------------------------------
 
@@ -147,22 +180,34 @@ class AsyncEngine:
         try:
             self._engine = factory()
         except BaseException as exc:  # reported to the constructor's caller
+            self.failure = f"the model did not load: {exc}"
             loaded.set_exception(exc)
             return
         self._stats = self._engine.stats()
         loaded.set_result(None)
+        try:
+            self._serve()
+        except BaseException as exc:  # the last line of defence: nobody may wait for ever
+            log.exception("the engine thread failed")
+            self._die(f"the engine stopped: {describe_failure(exc)}")
+            return
+        if self._engine.has_model:
+            self._engine.abort_all()
+            self._dispatch(self._engine.step())
+        self._end_streams(SHUTDOWN_MESSAGE)
+
+    def _serve(self) -> None:
         last_stats = 0.0
         while not self._stopping:
             self._drain_commands(block=not self._engine.has_unfinished())
             if self._stopping:
                 break
-            outputs = self._safe_step()
-            self._dispatch(outputs)
+            if not self._engine.has_model:
+                raise EngineDeadError("no model is loaded: the previous one could not be loaded again")
+            self._dispatch(self._safe_step())
             now = time.monotonic()
             if now - last_stats >= STATS_INTERVAL_S or not self._engine.has_unfinished():
                 self._stats, last_stats = self._engine.stats(), now
-        self._engine.abort_all()
-        self._dispatch(self._engine.step())
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -197,27 +242,67 @@ class AsyncEngine:
             self._stopping = True
 
     def _safe_step(self) -> list[RequestOutput]:
+        """A step; the engine isolates failures itself, and anything that still escapes ends the live
+        requests with the reason and starts the scheduler afresh."""
         try:
             return self._engine.step()
-        except Exception as exc:  # a failed forward pass ends the requests in it, not the engine
+        except Exception as exc:
             log.exception("engine step failed")
-            self._engine.abort_all(reason="error", error=f"the engine failed: {exc}")
-            return self._engine.step()
+            return self._engine.fail_all(f"the engine failed: {describe_failure(exc)}")
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             self._deliver(out.request_id, out)
-            if out.finished:
-                self._streams.pop(out.request_id, None)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        entry = self._streams.get(request_id)
-        if entry is None:
-            return
-        loop, stream = entry
-        if isinstance(item, BaseException):
-            self._streams.pop(request_id, None)
+        """Hand ``item`` to the request's stream; a final item (finished output or error) unregisters it."""
+        final = isinstance(item, BaseException) or item.finished
+        with self._lock:
+            entry = self._streams.pop(request_id, None) if final else self._streams.get(request_id)
+        if entry is not None:
+            self._send(request_id, entry, item)
+
+    def _send(self, request_id: str, entry, item: RequestOutput | BaseException) -> None:
+        loop, ref = entry
+        stream = ref()
         try:
+            if stream is None:
+                raise LookupError("dropped by its caller")
             loop.call_soon_threadsafe(stream._deliver, item)
-        except RuntimeError:  # the caller's loop has closed
-            self._streams.pop(request_id, None)
+        except (LookupError, RuntimeError):  # nobody reads it any more (or its loop has closed): stop it
+            self.abort(request_id)
+            with self._lock:
+                self._streams.pop(request_id, None)
+
+    def _die(self, reason: str) -> None:
+        """The thread can't go on: end every stream and pending call now, then tell the owner."""
+        self._end_streams(reason)
+        if self._on_failure is not None:
+            try:
+                self._on_failure(reason)
+            except Exception:
+                log.exception("the engine's failure callback raised")
+
+    def _end_streams(self, reason: str) -> None:
+        """Mark the engine stopped and end every open stream and queued call with :class:`EngineDeadError`."""
+        with self._lock:
+            self.failure = self.failure or reason
+            streams, self._streams = self._streams, {}
+        for request_id, entry in streams.items():
+            self._send(request_id, entry, EngineDeadError(reason))
+        self._fail_queued_commands(reason)
+
+    def _fail_queued_commands(self, reason: str) -> None:
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "call":
+                future = payload[1]
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(EngineDeadError(reason))
+
+    def _raise_if_dead(self) -> None:
+        if self.failure is not None:
+            raise EngineDeadError(self.failure)

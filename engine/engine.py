@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .devices import available_memory, resolve_device
-from .errors import ModelLoadError
+from .errors import EngineError, ModelLoadError
 from .fit import FitEstimate, estimate
 from .kv_cache import KVCache, KVShape, blocks_for_memory
 from .loader import LoadedModel, Progress, load_model
@@ -24,7 +24,7 @@ from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapsho
 from .outputs import RequestOutput
 from .runner import ModelRunner
 from .sampling import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
@@ -64,24 +64,34 @@ class Engine:
         self.max_model_len = self.loaded.max_model_len
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
         self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device)
-        self.block_manager = BlockManager(self.kv_cache.num_blocks, block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self._new_scheduler()
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend)
+
+    def _new_scheduler(self) -> None:
+        self.block_manager = BlockManager(self.kv_cache.num_blocks, self.block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
 
     # -- public API ---------------------------------------------------------------------------------
 
     def add_request(
         self, prompt: Prompt, sampling: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
-        """Queue a request; returns its id. A request that can never fit finishes at once with an error."""
-        sampling = sampling or SamplingParams()
+        """Queue a request; returns its id. A request that can never fit finishes at once with an error.
+
+        A bad prompt or parameter raises ``ValueError`` (``TypeError`` for a wrong kind of object) and leaves
+        nothing behind: the request is registered only once it is fully built.
+        """
+        sampling = SamplingParams() if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode_prompt(prompt)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, sampling.stop)
         seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter())
         self._sequences[request_id] = seq
-        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, token_ids, sampling.stop)
+        self._detokenizers[request_id] = detokenizer
         problem = self._why_it_cannot_fit(seq)
         if problem:
             self._finish(seq, "error", problem)
@@ -90,22 +100,27 @@ class Engine:
         return request_id
 
     def step(self) -> list[RequestOutput]:
-        """Run one forward pass; returns an output for every request that advanced or ended."""
+        """Run one forward pass; returns an output for every request that advanced or ended.
+
+        A failure inside the step ends only the requests it touched, each with an error output; the engine
+        keeps serving the others.
+        """
+        scheduled = self._schedule()
+        outputs = self._compute(scheduled) if scheduled.chunks else []
+        reported, self._pending = self._pending, []
+        return reported + outputs
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """Last resort after an unexpected failure: end every live request with ``error`` and start the
+        scheduler and block pool afresh, so the engine's state is consistent whatever went wrong."""
         outputs, self._pending = self._pending, []
-        scheduled = self.scheduler.schedule()
-        if not scheduled.chunks:
-            return outputs
-        start = time.perf_counter()
-        for chunk in scheduled.chunks:
-            if chunk.seq.first_scheduled_time is None:
-                chunk.seq.first_scheduled_time = start
-                self.counters.record_admission(chunk.seq.num_prompt_tokens, chunk.seq.num_cached_prompt_tokens or 0)
-        sampled = self.runner.run(scheduled.chunks)
-        end = time.perf_counter()
-        self.scheduler.commit(scheduled)
-        outputs += self._append_tokens(scheduled, sampled, end)
-        decode = sum(1 for c in scheduled.chunks if c.samples and c.start >= c.seq.num_prompt_tokens)
-        self.counters.record_step(start, end, scheduled.num_tokens - decode, len(sampled))
+        for seq in list(self._sequences.values()):
+            seq.status, seq.finish_reason, seq.error = Status.FINISHED, "error", error
+            text, delta = self._text_so_far(seq.request_id, final=True)
+            outputs.append(self._output(seq, [], delta, text))
+        self._sequences.clear()
+        self._detokenizers.clear()
+        self._new_scheduler()
         return outputs
 
     def abort(self, request_id: str) -> None:
@@ -129,12 +144,32 @@ class Engine:
         self.abort_all(error=SWITCHED_MESSAGE)
         previous = self.config
         self._release()
+        failure = self._try_load(config, progress)
+        if failure is None:
+            return
+        self._release()  # the half-loaded model goes before the previous one comes back
+        restored = self._try_load(previous, None)
+        if restored is not None:
+            self._release()
+            raise EngineError(
+                f"switching failed ({failure}) and the previous model could not be loaded again ({restored})"
+            )
+        raise failure
+
+    @property
+    def has_model(self) -> bool:
+        """False only after a failed switch could not bring the previous model back."""
+        return self.loaded is not None
+
+    def _try_load(self, config: EngineConfig, progress: Progress | None) -> Exception | None:
+        """Load ``config``; on failure return the error, without the frames that would keep the half-loaded
+        model alive."""
         try:
             self._load(config, progress)
-        except Exception:
-            log.exception("switching to %s failed; reloading %s", config.model, previous.model)
-            self._load(previous, None)
-            raise
+        except Exception as exc:
+            log.exception("loading %s failed", config.model)
+            return _without_frames(exc)
+        return None
 
     def estimate(self, config: EngineConfig) -> FitEstimate:
         """Weight bytes, KV bytes per token and the context that fit for ``config``, before loading it."""
@@ -226,20 +261,33 @@ class Engine:
         )
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: raw text, token ids, or chat messages (with the generation prompt)."""
+        """Token ids of a prompt: raw text, token ids, or chat messages (with the generation prompt).
+
+        Anything else, or text that is not valid Unicode, raises ``ValueError`` saying what is wrong.
+        """
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        elif prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        elif all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
+            ids = self.tokenizer.encode(_valid_text(prompt, "the prompt"), add_special_tokens=True)
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self._apply_chat_template(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
+            ids = [int(t) for t in prompt]
         else:
-            raise TypeError("a prompt is a string, a list of token ids, or a list of chat messages")
+            raise ValueError("a prompt is a string, a list of token ids, or a list of chat messages")
         vocab = self.loaded.model.config.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         return list(ids)
+
+    def _apply_chat_template(self, messages: list[dict]) -> list[int]:
+        for index, message in enumerate(messages):
+            if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+                raise ValueError(f"chat message {index} needs a 'role' and a 'content' that are strings")
+            _valid_text(message["content"], f"chat message {index}")
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # the model's template refuses this conversation (roles out of order, say)
+            raise ValueError(f"the model's chat template refused these messages: {exc}") from None
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     # -- internals ----------------------------------------------------------------------------------
 
@@ -283,21 +331,86 @@ class Engine:
             return f"the request needs {needed} tokens of KV cache but the whole pool holds {pool}"
         return None
 
+    def _schedule(self) -> SchedulerOutput:
+        """This step's chunks; requests whose blocks could not be allocated end here with an error."""
+        try:
+            scheduled = self.scheduler.schedule()
+        except Exception as exc:  # the scheduler's state can't be trusted any more: start it afresh
+            log.exception("scheduling failed")
+            failed = self.fail_all(f"the engine failed while scheduling: {describe_failure(exc)}")
+            self._pending += failed
+            return SchedulerOutput()
+        for seq, exc in scheduled.failed:
+            log.error("allocating KV blocks for %s failed: %r", seq.request_id, exc)
+            self._finish(seq, "error", f"the engine could not allocate its KV cache: {describe_failure(exc)}")
+        return scheduled
+
+    def _compute(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
+        """Run the forward pass for ``scheduled`` and turn its samples into outputs."""
+        start = time.perf_counter()
+        for chunk in scheduled.chunks:
+            if chunk.seq.first_scheduled_time is None:
+                chunk.seq.first_scheduled_time = start
+                self.counters.record_admission(chunk.seq.num_prompt_tokens, chunk.seq.num_cached_prompt_tokens or 0)
+        sampled, failed = self._forward(scheduled.chunks)
+        end = time.perf_counter()
+        for chunk, exc in failed:
+            self._finish(chunk.seq, "error", f"the engine failed on this request: {describe_failure(exc)}")
+        done = SchedulerOutput([c for c in scheduled.chunks if not c.seq.finished])
+        self.scheduler.commit(done)
+        outputs = self._append_tokens(done, sampled, end)
+        decode = sum(1 for c in done.chunks if c.samples and c.start >= c.seq.num_prompt_tokens)
+        self.counters.record_step(start, end, done.num_tokens - decode, len(sampled))
+        return outputs
+
+    def _forward(self, chunks: list[Chunk]) -> tuple[list[int], list[tuple[Chunk, Exception]]]:
+        """Sampled tokens of the chunks that succeeded, and the chunks that failed with their exception.
+
+        When the batch fails as a whole, each chunk runs alone, so one request's fault (or an out-of-memory
+        on the batch) fails only the request that cannot run. Re-running rewrites the same KV slots.
+        """
+        try:
+            return self.runner.run(chunks), []
+        except Exception as exc:
+            if len(chunks) == 1:
+                log.error("step failed for %s: %r", chunks[0].seq.request_id, exc)
+                return [], [(chunks[0], exc)]
+            log.warning("a step of %d requests failed (%r); running them one at a time", len(chunks), exc)
+        self._free_device_cache()
+        sampled, failed = [], []
+        for chunk in chunks:
+            try:
+                sampled += self.runner.run([chunk])
+            except Exception as exc:
+                log.error("step failed for %s: %r", chunk.seq.request_id, exc)
+                failed.append((chunk, exc))
+        return sampled, failed
+
+    def _free_device_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _append_tokens(self, scheduled: SchedulerOutput, sampled: list[int], now: float) -> list[RequestOutput]:
         outputs = []
         sampling_chunks = (c for c in scheduled.chunks if c.samples)
         for chunk, token in zip(sampling_chunks, sampled, strict=True):
-            seq = chunk.seq
-            seq.token_ids.append(token)
-            seq.first_token_time = seq.first_token_time or now
-            seq.last_token_time = now
-            detok = self._detokenizers[seq.request_id]
-            reason = self._finish_reason(seq, token, detok)
-            if reason:
-                outputs.append(self._finish(seq, reason, None, report=False))
-            else:
-                outputs.append(self._output(seq, [token], detok.release()))
+            try:
+                outputs.append(self._append_token(chunk.seq, token, now))
+            except Exception as exc:  # detokenising one reply must not stop the others
+                log.exception("handling a token of %s failed", chunk.seq.request_id)
+                message = f"the engine failed on this request: {describe_failure(exc)}"
+                outputs.append(self._finish(chunk.seq, "error", message, report=False))
         return outputs
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        seq.first_token_time = seq.first_token_time or now
+        seq.last_token_time = now
+        detok = self._detokenizers[seq.request_id]
+        reason = self._finish_reason(seq, token, detok)
+        if reason:
+            return self._finish(seq, reason, None, report=False)
+        return self._output(seq, [token], detok.release())
 
     def _finish_reason(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> str | None:
         params = seq.params
@@ -313,19 +426,32 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, error: str | None, report: bool = True) -> RequestOutput:
         self.scheduler.finish(seq)
         seq.finish_reason, seq.error = reason, error
-        detok = self._detokenizers.pop(seq.request_id)
-        del self._sequences[seq.request_id]
+        text, delta = self._text_so_far(seq.request_id, final=True)
+        self._detokenizers.pop(seq.request_id, None)
+        self._sequences.pop(seq.request_id, None)
         new_tokens = [seq.token_ids[-1]] if reason in ("stop", "length") and seq.num_output_tokens else []
-        out = self._output(seq, new_tokens, detok.release(final=True), detok.text)
+        out = self._output(seq, new_tokens, delta, text)
         if report:
             self._pending.append(out)
         return out
 
+    def _text_so_far(self, request_id: str, final: bool = False) -> tuple[str, str]:
+        """The text of a request so far and its newly released part; ``final`` releases everything."""
+        detok = self._detokenizers.get(request_id)
+        if detok is None:
+            return "", ""
+        try:
+            return detok.text, detok.release(final=final)
+        except Exception:  # a broken detokenizer still gives back what was released
+            return detok.text[: detok.released], ""
+
     def _output(self, seq: Sequence, delta_ids: list[int], delta_text: str, text: str | None = None) -> RequestOutput:
-        detok = self._detokenizers.get(seq.request_id)
+        if text is None:
+            detok = self._detokenizers[seq.request_id]
+            text = detok.text[: detok.released]
         return RequestOutput(
             request_id=seq.request_id,
-            text=text if text is not None else detok.text[: detok.released],
+            text=text,
             token_ids=seq.output_token_ids,
             delta_text=delta_text,
             delta_token_ids=delta_ids,
@@ -335,3 +461,32 @@ class Engine:
             metrics=RequestMetrics.of(seq),
         )
 
+
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _valid_text(text: str, what: str) -> str:
+    """``text`` unchanged, or a ``ValueError`` if it holds a lone surrogate (not encodable Unicode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
+    return text
+
+
+def _without_frames(exc: BaseException) -> BaseException:
+    """``exc`` with the tracebacks of its whole chain dropped (they hold every local of the failed load)."""
+    link, seen = exc, set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A failure in words: out-of-memory said plainly, anything else with its kind and message."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return "out of memory; try a shorter conversation or fewer replies at once"
+    return f"{type(exc).__name__}: {exc}"

@@ -5,9 +5,17 @@ class EngineError(Exception):
     """Base class: something the user can act on, said in words."""
 
 
+class EngineDeadError(EngineError):
+    """The engine thread has stopped; no request can be served until it is started again."""
+
+
 class ModelLoadError(EngineError):
     """The model could not be found, read or loaded."""
 
 
 class UnsupportedModelError(ModelLoadError):
     """The model loads, but the engine can't serve it correctly."""
+
+
+class LibraryError(ModelLoadError):
+    """The model library's index (library.json) is damaged; it is left as it is until moved aside."""

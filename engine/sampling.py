@@ -1,13 +1,22 @@
-"""Per-request sampling parameters."""
+"""Per-request sampling parameters, checked when they are made so a bad value never reaches a step."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+
+MAX_SEED = 2**63 - 1
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    """How one request picks its tokens and when it stops. ``temperature=0`` is greedy."""
+    """How one request picks its tokens and when it stops. ``temperature=0`` is greedy.
+
+    Every field is checked for type and range here; a bad value raises ``ValueError`` naming the field.
+    """
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -21,26 +30,75 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = (self.stop,)
-        self.stop = tuple(self.stop)
-        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0 (0 disables it)")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError("min_p must be in [0, 1]")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+        self.max_tokens = _integer("max_tokens", self.max_tokens, low=1)
+        self.temperature = _real("temperature", self.temperature, low=0.0)
+        self.top_p = _real("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        self.top_k = _integer("top_k", self.top_k, low=0)
+        self.min_p = _real("min_p", self.min_p, low=0.0, high=1.0)
+        self.repetition_penalty = _real("repetition_penalty", self.repetition_penalty, low=0.0, low_open=True)
+        self.seed = None if self.seed is None else _integer("seed", self.seed, low=0, high=MAX_SEED)
+        self.stop = _stop_strings(self.stop)
+        self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false, not {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
         """True when the request always takes the most likely token."""
         return self.temperature == 0.0 or self.top_k == 1
+
+
+def _integer(name: str, value, low: int, high: int | None = None) -> int:
+    """``value`` as an int in [low, high]; floats, strings and booleans are refused, not rounded."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number, not {_shown(value)}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ValueError(f"{name} must be {bound}, not {value}")
+    return value
+
+
+def _real(name: str, value, low: float, high: float | None = None, low_open: bool = False) -> float:
+    """``value`` as a finite float within its bounds (``low_open``: ``low`` itself is excluded)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, not {_shown(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, not {value}")
+    too_low = value <= low if low_open else value < low
+    if too_low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {_range(low, high, low_open)}, not {value}")
+    return value
+
+
+def _range(low: float, high: float | None, low_open: bool) -> str:
+    if high is None:
+        return f"> {low}" if low_open else f">= {low}"
+    return f"in {'(' if low_open else '['}{low}, {high}]"
+
+
+def _stop_strings(stop) -> tuple[str, ...]:
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)):
+        raise ValueError(f"stop must be a string or a list of strings, not {_shown(stop)}")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
+    for s in stop:
+        if not isinstance(s, str):
+            raise ValueError(f"stop must hold strings only, not {_shown(s)}")
+        if not s or len(s) > MAX_STOP_LENGTH:
+            raise ValueError(f"each stop string must be 1 to {MAX_STOP_LENGTH} characters long")
+    return tuple(stop)
+
+
+def _token_ids(name: str, ids) -> tuple[int, ...]:
+    if not isinstance(ids, (list, tuple, set, frozenset)):
+        raise ValueError(f"{name} must be a list of token ids, not {_shown(ids)}")
+    return tuple(_integer(name, t, low=0) for t in ids)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

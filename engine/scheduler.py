@@ -31,6 +31,7 @@ class Chunk:
 class SchedulerOutput:
     chunks: list[Chunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)  # the engine ends these with an error
 
     @property
     def num_tokens(self) -> int:
@@ -80,7 +81,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and release its blocks."""
-        if seq.status is Status.RUNNING:
+        if seq.status is Status.RUNNING and seq in self.running:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
@@ -95,22 +96,37 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_tokens = min(seq.num_uncomputed_tokens, budget)
-            if not self._allocate_or_preempt(seq, num_tokens, out):
+            allocated = self._allocate_or_preempt(seq, num_tokens, out)
+            if allocated is None:
+                index += 1  # its allocation failed: the engine ends it, the others carry on
+                continue
+            if not allocated:
                 break  # ``seq`` itself was the newest and has been preempted
             out.chunks.append(Chunk(seq, seq.num_computed_tokens, num_tokens))
             budget -= num_tokens
             index += 1
         return budget
 
-    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool | None:
+        """True once ``seq`` has its blocks; False if it was preempted itself; None if allocating failed."""
         needed = seq.num_computed_tokens + num_tokens
-        while not self.block_manager.allocate(seq.block_table, needed):
+        while not (allocated := self._allocate(seq, needed, out)):
+            if allocated is None:
+                return None
             victim = self.running[-1]
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is seq:
                 return False
         return True
+
+    def _allocate(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool | None:
+        """Grow ``seq``'s blocks to ``num_tokens``; None (and ``seq`` listed as failed) if allocation raises."""
+        try:
+            return self.block_manager.allocate(seq.block_table, num_tokens)
+        except Exception as exc:  # one request's failure must not stop the others
+            out.failed.append((seq, exc))
+            return None
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.pop()
@@ -128,8 +144,10 @@ class Scheduler:
             if not seq.block_table:
                 self._reuse_cached_prefix(seq)
             num_tokens = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.allocate(seq.block_table, seq.num_computed_tokens + num_tokens):
-                self._release_prefix(seq)
+            allocated = self._allocate(seq, seq.num_computed_tokens + num_tokens, out)
+            if not allocated:
+                if allocated is False:
+                    self._release_prefix(seq)
                 break
             self.waiting.popleft()
             if seq.num_cached_prompt_tokens is None:

@@ -90,7 +90,7 @@ def test_bad_prompt_raises_in_the_stream(async_engine):
         async for _ in async_engine.stream(12345):
             pass
 
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="a prompt is a string"):
         asyncio.run(main())
 
 
@@ -99,3 +99,66 @@ def test_failed_load_raises_in_the_constructor():
 
     with pytest.raises(ModelLoadError):
         AsyncEngine(EngineConfig(model="/nowhere/at/all"))
+
+
+def test_an_abandoned_stream_stops_generating(async_engine):
+    """A stream dropped without being read to the end is aborted, not run to max_tokens."""
+    import gc
+
+    async def main():
+        stream = async_engine.stream("left behind", SamplingParams(max_tokens=1000, ignore_eos=True))
+        await stream.__anext__()
+        del stream
+        gc.collect()
+        await wait_until(lambda: async_engine.stats().num_running == 0 and async_engine.stats().kv_blocks_used == 0)
+        return async_engine.stats().generated_tokens_total
+
+    before = async_engine.stats().generated_tokens_total
+    after = asyncio.run(main())
+    assert after - before < 1000
+
+
+def test_a_dead_engine_thread_ends_every_stream_at_once(tiny_llama):
+    """If the thread dies despite everything, open streams end with the reason, and later calls raise."""
+    from engine import EngineDeadError
+
+    reasons = []
+    engine = AsyncEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64), on_failure=reasons.append)
+
+    def sabotage(e):
+        def boom(*args):
+            raise RuntimeError("corrupted state")
+
+        e.step = boom
+        e.fail_all = boom
+
+    async def main():
+        streams = [engine.stream(p, SamplingParams(max_tokens=500, ignore_eos=True)) for p in ("one", "two")]
+        await streams[0].__anext__()
+        await engine.run(sabotage)
+        for stream in streams:
+            with pytest.raises(EngineDeadError, match="corrupted state"):
+                async for _ in stream:
+                    pass
+        with pytest.raises(EngineDeadError):
+            engine.stream("after", SamplingParams(max_tokens=4))
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert len(reasons) == 1 and "corrupted state" in reasons[0]
+    assert not engine.alive and engine.failure == reasons[0]
+    with pytest.raises(EngineDeadError):
+        engine.call(lambda e: None).result(timeout=5)
+    engine.shutdown()
+
+
+def test_after_shutdown_streams_are_refused_in_words(tiny_llama):
+    from engine import EngineDeadError
+
+    engine = AsyncEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64))
+    engine.shutdown()
+
+    async def main():
+        engine.stream("hello")
+
+    with pytest.raises(EngineDeadError, match="shut down"):
+        asyncio.run(main())
