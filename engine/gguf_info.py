@@ -1,7 +1,9 @@
 """A fast look inside a GGUF file: metadata, tensor shapes and whether the file is complete.
 
 The full parse in the ``gguf`` package builds every field, the tokenizer's tens of thousands of strings
-included, which takes seconds; this reader skips what it does not need.
+included, which takes seconds; this reader skips what it does not need. Every count and length read from the
+file is checked against the bytes that remain before it is used, so a damaged or hostile header fails at
+once, in words, instead of looping or allocating.
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ from .errors import ModelLoadError
 MAGIC = b"GGUF"
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
-WANTED_KEYS = ("general.architecture", "general.name", "general.license", "tokenizer.chat_template")
+MAX_DIMS = 4  # GGML_MAX_DIMS in ggml.h
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
+MIN_TENSOR_BYTES = 8 + 4 + 4 + 8  # name length, dimension count, type, offset
+WANTED_KEYS = ("general.architecture", "general.name", "general.license", "tokenizer.chat_template",
+               "general.alignment")
 WANTED_SUFFIXES = (".context_length", ".block_count", ".embedding_length", ".attention.head_count",
-                   ".attention.head_count_kv", ".vocab_size")
+                   ".attention.head_count_kv", ".vocab_size", ".feed_forward_length", ".attention.key_length",
+                   ".attention.value_length", ".expert_count")
+TOKEN_LIST_KEY = "tokenizer.ggml.tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +36,7 @@ class GGUFInfo:
     tensors: dict[str, tuple[tuple[int, ...], int]]  # name -> (shape, ggml type)
     file_size: int
     data_end: int  # where the last tensor's data ends; beyond file_size means the file is truncated
+    token_count: int | None = None  # entries in the tokenizer's vocabulary, when the file has one
 
     @property
     def architecture(self) -> str:
@@ -35,6 +44,16 @@ class GGUFInfo:
 
     def arch_value(self, suffix: str, default=None):
         return self.metadata.get(f"{self.architecture}{suffix}", default)
+
+    def positive_int(self, suffix: str, default: int | None = None) -> int:
+        """``<arch><suffix>`` as a positive whole number, or a :class:`ModelLoadError` naming the field."""
+        key = f"{self.architecture}{suffix}"
+        value = self.metadata.get(key, default)
+        if value is None:
+            raise ModelLoadError(f"{self.path.name} has no {key} in its metadata")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelLoadError(f"{self.path.name}: {key} is {value!r}; it must be a positive whole number")
+        return value
 
     @property
     def parameter_count(self) -> int:
@@ -55,24 +74,36 @@ class _Reader:
     def __init__(self, buffer) -> None:
         self.buf, self.pos = buffer, 0
 
+    @property
+    def remaining(self) -> int:
+        return len(self.buf) - self.pos
+
     def unpack(self, fmt: str):
         size = struct.calcsize("<" + fmt)
-        if self.pos + size > len(self.buf):
+        if size > self.remaining:
             raise ModelLoadError("the GGUF header ends early: the file is truncated or is not GGUF")
         value = struct.unpack_from("<" + fmt, self.buf, self.pos)[0]
         self.pos += size
         return value
 
+    def count(self, what: str, min_bytes: int) -> int:
+        """A count of items that each take at least ``min_bytes``; more than the file can hold is refused."""
+        value = self.unpack("Q")
+        if value * min_bytes > self.remaining:
+            raise ModelLoadError(
+                f"the GGUF header claims {value:,} {what}, more than the {self.remaining:,} bytes left can hold: "
+                "the file is damaged or truncated"
+            )
+        return value
+
     def string(self) -> str:
-        length = self.unpack("Q")
+        length = self.count("bytes of text", 1)
         raw = self.buf[self.pos : self.pos + length]
-        if len(raw) != length:
-            raise ModelLoadError("the GGUF header ends early: the file is truncated")
         self.pos += length
         return bytes(raw).decode("utf-8", errors="replace")
 
     def skip_string(self) -> None:
-        length = self.unpack("Q")
+        length = self.count("bytes of text", 1)  # read before moving: ``pos += count()`` would use the old pos
         self.pos += length
 
     def value(self, kind: int, keep: bool):
@@ -84,49 +115,113 @@ class _Reader:
             self.skip_string()
             return None
         if kind == _ARRAY:
-            item_kind, count = self.unpack("I"), self.unpack("Q")
-            if item_kind in _SCALARS:
-                size = count * struct.calcsize("<" + _SCALARS[item_kind])
-                self.pos += size
-            else:
-                for _ in range(count):
-                    self.value(item_kind, keep=False)
-            return None
+            return self.skip_array()
         raise ModelLoadError(f"unknown GGUF value type {kind}: the file is damaged")
+
+    def skip_array(self) -> int:
+        """Skip an array's items; its length is returned (a vocabulary's size, say)."""
+        item_kind = self.unpack("I")
+        if item_kind in _SCALARS:
+            size = struct.calcsize("<" + _SCALARS[item_kind])
+            count = self.count("array items", size)
+            self.pos += count * size
+            return count
+        if item_kind not in (_STRING, _ARRAY):
+            raise ModelLoadError(f"unknown GGUF value type {item_kind}: the file is damaged")
+        count = self.count("array items", 8 if item_kind == _STRING else 12)
+        for _ in range(count):
+            self.value(item_kind, keep=False)
+        return count
 
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:
-    """Metadata and tensor table of a GGUF file, or a :class:`ModelLoadError` saying what is wrong."""
+    """Metadata and tensor table of a GGUF file, or a :class:`ModelLoadError` naming the file and the fault."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            if path.stat().st_size < len(MAGIC):
+                raise ModelLoadError("it is empty or too short to be a GGUF file")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _parse(path, mm)
+    except ModelLoadError as exc:
+        message = str(exc)
+        raise ModelLoadError(message if path.name in message else f"{path.name}: {message}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{path.name} can't be read: {exc.strerror or exc}") from None
+
+
+def _parse(path: Path, mm) -> GGUFInfo:
+    if mm[:4] != MAGIC:
+        raise ModelLoadError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
+    r = _Reader(mm)
+    r.pos = 4
+    version = r.unpack("I")
+    if version < 2:
+        raise ModelLoadError(f"{path.name} is GGUF version {version}; only version 2 and later are read")
+    n_tensors = r.count("tensors", MIN_TENSOR_BYTES)
+    n_kv = r.count("metadata entries", MIN_KV_BYTES)
+    metadata, token_count = _read_metadata(r, n_kv)
+    tensors, ends = _read_tensor_table(r, n_tensors)
+    alignment = metadata.get("general.alignment", 32)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
+        raise ModelLoadError(f"general.alignment is {alignment!r}; it must be a positive whole number")
+    data_start = -(-r.pos // alignment) * alignment
+    return GGUFInfo(path, metadata, tensors, len(mm), data_start + ends, token_count)
+
+
+def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict, int | None]:
+    metadata, token_count = {}, None
+    for _ in range(n_kv):
+        key = r.string()
+        kind = r.unpack("I")
+        if key == TOKEN_LIST_KEY and kind == _ARRAY:
+            token_count = r.skip_array()
+            continue
+        keep = key in WANTED_KEYS or key.endswith(WANTED_SUFFIXES)
+        value = r.value(kind, keep)
+        if keep:
+            metadata[key] = value
+    return metadata, token_count
+
+
+def _read_tensor_table(r: _Reader, n_tensors: int) -> tuple[dict, int]:
+    """Names, shapes and types of the tensors, and where their data ends; overlapping data is refused."""
+    tensors, ranges = {}, []
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.unpack("I")
+        if n_dims > MAX_DIMS:
+            raise ModelLoadError(f"tensor {name!r} has {n_dims} dimensions; GGUF allows at most {MAX_DIMS}")
+        dims = tuple(r.unpack("Q") for _ in range(n_dims))
+        kind, offset = r.unpack("I"), r.unpack("Q")
+        if name in tensors:
+            raise ModelLoadError(f"tensor {name!r} is listed twice: the file is damaged")
+        tensors[name] = (dims, kind)
+        ranges.append((offset, offset + _tensor_bytes(name, dims, kind), name))
+    _check_no_overlap(ranges)
+    return tensors, max((end for _, end, _ in ranges), default=0)
+
+
+def _tensor_bytes(name: str, dims: tuple[int, ...], kind: int) -> int:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    path = Path(path)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != MAGIC:
-            raise ModelLoadError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
-        r = _Reader(mm)
-        r.pos = 4
-        version = r.unpack("I")
-        if version < 2:
-            raise ModelLoadError(f"{path.name} is GGUF version {version}; only version 2 and later are read")
-        n_tensors, n_kv = r.unpack("Q"), r.unpack("Q")
-        metadata = {}
-        for _ in range(n_kv):
-            key = r.string()
-            keep = key in WANTED_KEYS or key.endswith(WANTED_SUFFIXES) or key == "general.alignment"
-            value = r.value(r.unpack("I"), keep)
-            if keep:
-                metadata[key] = value
-        tensors, ends = {}, 0
-        for _ in range(n_tensors):
-            name = r.string()
-            dims = tuple(r.unpack("Q") for _ in range(r.unpack("I")))
-            kind, offset = r.unpack("I"), r.unpack("Q")
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-            elements = 1
-            for d in dims:
-                elements *= d
-            tensors[name] = (dims, kind)
-            ends = max(ends, offset + elements // block * type_size)
-        alignment = int(metadata.get("general.alignment", 32))
-        data_start = -(-r.pos // alignment) * alignment
-        return GGUFInfo(path, metadata, tensors, len(mm), data_start + ends)
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise ModelLoadError(
+            f"tensor {name!r} has type id {kind}, which this version of the gguf package does not know: "
+            "the file is damaged or needs a newer Kvasir"
+        ) from None
+    elements = 1
+    for d in dims:
+        elements *= d
+    if dims and dims[0] % block:
+        raise ModelLoadError(f"tensor {name!r}: its rows of {dims[0]} do not fill whole blocks of {block}")
+    return elements // block * type_size
+
+
+def _check_no_overlap(ranges: list[tuple[int, int, str]]) -> None:
+    ranges.sort()
+    for (_, end, first), (start, _, second) in zip(ranges, ranges[1:]):
+        if start < end:
+            raise ModelLoadError(f"the data of tensors {first!r} and {second!r} overlap: the file is damaged")

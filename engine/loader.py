@@ -16,6 +16,7 @@ from .errors import ModelLoadError, UnsupportedModelError
 from .memory import PeakMemory, return_freed_memory
 from .quantization import module_bytes, quantize_model
 from .sources import ModelSource, resolve_source
+from .weights_check import check_architecture_known
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,9 @@ def load_model(
     """Load tokenizer and weights of ``config.model`` onto ``device``, quantised as configured."""
     report = progress or _no_progress
     report(0.0, "checking the model files")
-    source = resolve_source(config.model)
+    source = resolve_source(config.model)  # also checks the config against the weights' shapes
+    if source.kind == "hf":
+        check_architecture_known(source.folder)  # transformers' own refusal comes later, as a page of text
     dtype = resolve_dtype(config.dtype, device)
     quantization = resolve_quantization(config.quantization, device)
     converted = gguf_cache.lookup(source)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import ModelLoadError
 from .gguf_info import read_gguf_info
 from .sources import ModelSource
+from .weights_check import model_config, safetensors_shapes, weight_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +40,8 @@ def read_model_info(source: ModelSource) -> ModelInfo:
 
 def _gguf_info(source: ModelSource) -> ModelInfo:
     info = read_gguf_info(source.path)
-    heads = int(info.arch_value(".attention.head_count", 1))
-    hidden = int(info.arch_value(".embedding_length", 0))
+    heads = info.positive_int(".attention.head_count", 1)
+    hidden = info.positive_int(".embedding_length")
     linear = [shape for name, (shape, _) in info.tensors.items() if name.startswith("blk.") and len(shape) == 2]
     return ModelInfo(
         name=source.name,
@@ -50,10 +49,10 @@ def _gguf_info(source: ModelSource) -> ModelInfo:
         parameter_count=info.parameter_count,
         linear_parameter_count=sum(a * b for a, b in linear),
         linear_rows=sum(shape[1] for shape in linear),  # GGUF lists dims innermost first: (in, out)
-        context_length=int(info.arch_value(".context_length", 2048)),
-        num_layers=int(info.arch_value(".block_count", 0)),
-        num_kv_heads=int(info.arch_value(".attention.head_count_kv", heads)),
-        head_dim=hidden // heads if heads else 0,
+        context_length=info.positive_int(".context_length", 2048),
+        num_layers=info.positive_int(".block_count"),
+        num_kv_heads=info.positive_int(".attention.head_count_kv", heads),
+        head_dim=info.positive_int(".attention.key_length", hidden // heads or 1),
         size_on_disk=info.file_size,
         source=source.origin,
         kind="gguf",
@@ -62,26 +61,35 @@ def _gguf_info(source: ModelSource) -> ModelInfo:
 
 
 def _folder_info(source: ModelSource) -> ModelInfo:
-    config = json.loads((source.folder / "config.json").read_text())
-    config = config.get("text_config", config)
-    shapes = _safetensors_shapes(source.folder)
+    config = model_config(source.folder)
+    shapes = safetensors_shapes(weight_files(source.folder))
     linear = [s for name, s in shapes.items() if _is_block_linear(name, s)]
-    heads = config.get("num_attention_heads", 1)
+    heads = _positive(config, "num_attention_heads", 1)
     return ModelInfo(
         name=source.name,
-        architecture=config.get("model_type", "unknown"),
+        architecture=str(config.get("model_type", "unknown")),
         parameter_count=sum(_numel(s) for s in shapes.values()),
         linear_parameter_count=sum(_numel(s) for s in linear),
         linear_rows=sum(s[0] for s in linear),
-        context_length=int(config.get("max_position_embeddings", 2048)),
-        num_layers=int(config.get("num_hidden_layers", 0)),
-        num_kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or config.get("hidden_size", 0) // heads),
+        context_length=_positive(config, "max_position_embeddings", 2048),
+        num_layers=_positive(config, "num_hidden_layers", 0),
+        num_kv_heads=_positive(config, "num_key_value_heads", heads),
+        head_dim=_positive(config, "head_dim", _positive(config, "hidden_size", 0) // heads),
         size_on_disk=sum(f.stat().st_size for f in source.folder.iterdir() if f.is_file()),
         source=source.origin,
         kind="hf",
         licence=_licence_from_readme(source.folder / "README.md"),
     )
+
+
+def _positive(config: dict, key: str, default: int) -> int:
+    """``config[key]`` as a positive whole number (``default`` when absent or null), else a ModelLoadError."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"config.json: {key} is {value!r}; it must be a positive whole number")
+    return value
 
 
 def _is_block_linear(name: str, shape: tuple[int, ...]) -> bool:
@@ -95,32 +103,13 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        for name, entry in _safetensors_header(file).items():
-            if name != "__metadata__":
-                shapes[name] = tuple(entry["shape"])
-    return shapes
-
-
-def _safetensors_header(file: Path) -> dict:
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        head = f.read(8)
-        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 0 < length <= size - 8:
-            raise ModelLoadError(f"{file.name} is not a valid safetensors file (its header is damaged)")
-        try:
-            return json.loads(f.read(length))
-        except ValueError:
-            raise ModelLoadError(f"{file.name} is not a valid safetensors file (its header is damaged)") from None
-
-
 def _licence_from_readme(readme: Path) -> str | None:
     if not readme.is_file():
         return None
-    text = readme.read_text(errors="replace")
+    try:
+        text = readme.read_text(errors="replace")
+    except OSError:
+        return None  # the licence is a nicety; an unreadable README does not stop the model
     if not text.startswith("---"):
         return None
     for line in text.split("---", 2)[1].splitlines():

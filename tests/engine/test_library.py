@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -99,3 +100,69 @@ def test_eval_quant_measures_each_mode(tiny_model_dirs):
     assert results[1].weight_bytes < results[0].weight_bytes
     assert all(r.perplexity > 1 and r.decode_tokens_per_s > 0 for r in results)
     assert results[0].perplexity != results[1].perplexity
+
+
+def _index_with(library, **changes) -> dict:
+    """A valid one-model index, with ``changes`` made to the model's ``info``."""
+    info = {"name": "m", "architecture": "llama", "parameter_count": 10, "linear_parameter_count": 8,
+            "linear_rows": 4, "context_length": 64, "num_layers": 2, "num_kv_heads": 1, "head_dim": 4,
+            "size_on_disk": 100, "source": "/m", "kind": "hf", "licence": None}
+    info.update(changes)
+    return {"version": 1, "models": [{"spec": "/m", "info": {k: v for k, v in info.items() if v != "DROP"},
+                                      "added": 1.0}]}
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ("{not json", "it is not valid JSON"),
+        ("", "it is not valid JSON"),
+        ("[1, 2]", "it is not a JSON object"),
+        ('{"models": []}', "its version is None"),
+        ('{"version": 1, "models": {}}', "'models' is not a list"),
+        ('{"version": 1, "models": [7]}', "model 0 is not an object"),
+        ('{"version": 1, "models": [{"spec": "/m", "added": 1.0}]}', r"model 0 lacks the field\(s\) info"),
+        (dict(future_field=1), r"model 0 \(/m\): its info has the unknown field\(s\) future_field"),
+        (dict(head_dim="DROP"), r"model 0 \(/m\): its info lacks the field\(s\) head_dim"),
+        (dict(num_layers="2"), r"model 0 \(/m\): its info has num_layers = '2', which is not a whole number"),
+        (dict(num_layers=True), r"model 0 \(/m\): its info has num_layers = True, which is not a whole number"),
+    ],
+)
+def test_a_damaged_index_is_refused_in_words_and_never_overwritten(library, tiny_llama, content, reason):
+    from engine.errors import LibraryError
+
+    library.root.mkdir(parents=True)
+    text = content if isinstance(content, str) else json.dumps(_index_with(library, **content))
+    library.index.write_text(text)
+    said = f"the model library {re.escape(str(library.index))} is damaged: {reason}"
+    for attempt in (library.entries, lambda: library.add(str(tiny_llama)), lambda: library.remove("m")):
+        with pytest.raises(LibraryError, match=said):
+            attempt()
+    assert library.index.read_text() == text
+
+
+def test_move_aside_keeps_the_damaged_index_and_starts_clean(library, tiny_llama):
+    from engine.errors import LibraryError
+
+    library.root.mkdir(parents=True)
+    library.index.write_text("{damaged")
+    with pytest.raises(LibraryError):
+        library.entries()
+    kept = library.move_aside()
+    assert kept.parent == library.root and kept.name.startswith("library.json.damaged-")
+    assert kept.read_text() == "{damaged" and not library.index.exists()
+    assert [e.name for e in library.entries()] == ["SmolLM2-135M-Instruct"]
+    library.add(str(tiny_llama))
+    assert [e.name for e in ModelLibrary().entries()] == ["SmolLM2-135M-Instruct", "llama"]
+    library.index.write_text("{damaged again")
+    assert library.move_aside() != kept and kept.read_text() == "{damaged"  # an earlier one is not replaced
+
+
+def test_an_index_from_a_newer_kvasir_is_refused_and_kept(library):
+    from engine.errors import LibraryError
+
+    library.root.mkdir(parents=True)
+    library.index.write_text('{"version": 2, "models": []}')
+    with pytest.raises(LibraryError, match="written by a newer Kvasir"):
+        library.entries()
+    assert library.index.read_text() == '{"version": 2, "models": []}'

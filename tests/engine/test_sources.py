@@ -117,3 +117,13 @@ def test_gguf_is_converted_once_then_loaded_from_the_copy(tiny_gguf, tmp_path, m
     tiny_gguf.touch()  # a changed file is converted afresh
     third = Engine(EngineConfig(model=str(tiny_gguf), num_kv_blocks=64))
     assert third.loaded.loaded_from == tiny_gguf
+
+
+def test_a_hub_like_name_that_is_not_a_repo_id_is_refused_in_words(tmp_path, monkeypatch):
+    from engine.sources import hub_snapshot
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match=r"no model at 'a/\.\.'"):
+        resolve_source("a/..")
+    with pytest.raises(ModelLoadError, match=r"'a/\.\.' is not a valid Hugging Face repo id"):
+        hub_snapshot("a/..", download=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +95,28 @@ def _add_tokenizer(writer, model_dir: Path, chat_template: str | None) -> None:
         chat_template = config.get("chat_template") or (model_dir / "chat_template.jinja").read_text()
     if chat_template:
         writer.add_chat_template(chat_template)
+
+
+def write_raw_gguf(path: Path, metadata: dict[str, int | str], tensors: list[tuple[str, tuple[int, ...], int, int]],
+                   *, n_tensors: int | None = None, n_kv: int | None = None, data_bytes: int = 0) -> Path:
+    """A GGUF file written byte by byte, so its header can say anything (a damaged or hostile file).
+
+    ``metadata``: str values are written as strings, int values as uint32. ``tensors``: (name, dims innermost
+    first, ggml type id, offset into the data). ``n_tensors`` / ``n_kv`` override the counts in the header.
+    """
+    out = bytearray(b"GGUF" + struct.pack("<I", 3))
+    out += struct.pack("<QQ", len(tensors) if n_tensors is None else n_tensors, len(metadata) if n_kv is None else n_kv)
+    for key, value in metadata.items():
+        out += _raw_string(key)
+        out += struct.pack("<I", 8) + _raw_string(value) if isinstance(value, str) else struct.pack("<II", 4, value)
+    for name, dims, kind, offset in tensors:
+        out += _raw_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+        out += struct.pack("<IQ", kind, offset)
+    out += bytes(-len(out) % 32 + data_bytes)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def _raw_string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
