@@ -44,19 +44,20 @@ def run(args: argparse.Namespace) -> int:
     from PySide6.QtWidgets import QApplication
 
     from engine import EngineConfig
-    from engine.library import data_dir
 
     from .bridge import EngineBridge
     from .main_window import MainWindow
-    from .store import Store
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Kvasir")
+    lock, opened = open_for_this_run(args.self_test)  # the lock is held until run() returns
+    if opened is None:
+        return 1
+    store, library, settings = opened
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    store = Store(Path(data_dir()) / "kvasir.db")
     bridge = EngineBridge()
-    window = MainWindow(store, bridge)
+    window = MainWindow(store, bridge, library, settings)
     window.show()
     bridge.start(EngineConfig(model=args.model, quantization=args.quant, device=args.device))
     with loop:
@@ -70,6 +71,33 @@ def run(args: argparse.Namespace) -> int:
             bridge.shutdown()  # the engine thread ends before Qt and the loop are torn down
             window.close()
             store.close()
+            lock.unlock()
+
+
+def open_for_this_run(self_test: bool):
+    """(the data folder's lock, (store, library, settings)); the second is None when the app must quit:
+    another Kvasir uses the folder, or a damaged file was not moved aside."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from engine.library import ModelLibrary, data_dir
+
+    from .settings import config_dir
+    from .single_instance import acquire_instance_lock, already_running_message
+    from .startup_checks import ask_to_move_aside, open_user_files, refuse_in_self_test
+
+    folder = Path(data_dir())
+    lock = acquire_instance_lock(folder)
+    if lock is None:
+        if self_test:
+            print(f"kvasir: {already_running_message(folder)}", file=sys.stderr)
+        else:
+            QMessageBox.information(None, "Kvasir is already running", already_running_message(folder))
+        return None, None
+    confirm = refuse_in_self_test if self_test else ask_to_move_aside
+    opened = open_user_files(folder / "kvasir.db", ModelLibrary(), config_dir() / "settings.json", confirm)
+    if opened is None:
+        lock.unlock()
+    return lock, opened
 
 
 async def self_test(window) -> int:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from engine import AsyncEngine, EngineConfig, EngineStats, RequestOutput, SamplingParams
 
@@ -18,50 +18,104 @@ STATS_INTERVAL_MS = 250
 
 
 class EngineBridge(QObject):
-    """Owns the :class:`AsyncEngine`; emits load progress, load results and stats snapshots."""
+    """Owns the :class:`AsyncEngine`; emits load progress, load results, stats snapshots and engine failures.
+
+    One load runs at a time: a switch asked for while the first model loads waits for it and then runs (the
+    latest one asked for wins), so there is never a second engine thread holding a model nobody uses.
+    """
 
     load_progress = Signal(float, str)
     loaded = Signal(object)  # EngineStats
     load_failed = Signal(str)
     stats_updated = Signal(object)  # EngineStats
+    engine_failed = Signal(str)  # the engine thread died; the reason
+    _load_done = Signal(object, str)  # from the load thread: the engine or None, and why it failed
+    _died = Signal(int, str)  # from the engine thread: which engine (generation), and why
 
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None, engine_factory: Callable[..., AsyncEngine] = AsyncEngine) -> None:
         super().__init__(parent)
         self.engine: AsyncEngine | None = None
         self.config: EngineConfig | None = None
         self.loading = False
         self.load_error: str | None = None  # why the last load failed
+        self.failure: str | None = None  # why the engine stopped serving; None while it serves
+        self._factory = engine_factory
+        self._pending: EngineConfig | None = None  # a switch asked for while a background load runs
+        self._background_load = False  # a load thread is running (``loading`` also covers switches)
+        self._generation = 0  # tells a dead engine's late report from the current engine's
+        self._closed = False
+        self._lock = threading.Lock()  # orders a load finishing against shutdown()
         self._timer = QTimer(self)
         self._timer.setInterval(STATS_INTERVAL_MS)
         self._timer.timeout.connect(self._poll_stats)
-        self.loaded.connect(lambda _: self._timer.start())
+        self._load_done.connect(self._finish_load, Qt.QueuedConnection)
+        self._died.connect(self._engine_died, Qt.QueuedConnection)
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and not self.loading
+        """True when a model is loaded and the engine serves requests."""
+        engine = self.engine
+        return engine is not None and not self.loading and self.failure is None and engine.alive
+
+    @property
+    def serving(self) -> bool:
+        """True while an engine is up, even during a switch (a failed switch leaves the old model serving)."""
+        engine = self.engine
+        return engine is not None and self.failure is None and engine.alive
 
     def start(self, config: EngineConfig) -> None:
-        """Load the first model in a background thread; the window stays responsive."""
-        self.config, self.loading, self.load_error = config, True, None
-        threading.Thread(target=self._load, args=(config,), name="kvasir-load", daemon=True).start()
-
-    def _load(self, config: EngineConfig) -> None:
-        try:
-            engine = AsyncEngine(config, progress=self._report_progress)
-        except Exception as exc:  # shown to the user in words
-            self.loading, self.load_error = False, str(exc)
-            self.load_failed.emit(str(exc))
+        """Load a model in a background thread (the window stays responsive); during a load, queue it."""
+        if self._background_load:
+            self._pending = config
             return
-        self.engine, self.loading = engine, False
-        self.loaded.emit(engine.stats())
+        self._background_load = True
+        self.config, self.loading, self.load_error, self.failure = config, True, None, None
+        self._generation += 1
+        threading.Thread(target=self._load, args=(config, self._generation), name="kvasir-load", daemon=True).start()
+
+    def _load(self, config: EngineConfig, generation: int) -> None:
+        try:
+            engine = self._factory(config, progress=self._report_progress,
+                                   on_failure=lambda reason: self._died.emit(generation, reason))
+        except Exception as exc:  # shown to the user in words
+            self._load_done.emit(None, str(exc) or type(exc).__name__)
+            return
+        with self._lock:
+            orphan = self._closed
+            if not orphan:
+                self.engine = engine
+        if orphan:  # the app quit while this model loaded: nobody will use it, so free it now
+            engine.shutdown()
+            return
+        self._load_done.emit(engine, "")
+
+    def _finish_load(self, engine: AsyncEngine | None, error: str) -> None:
+        """On the GUI thread: run a switch that waited for this load, or report the load's result."""
+        self.loading = self._background_load = False
+        pending, self._pending = self._pending, None
+        if self._closed:
+            return
+        if engine is None and pending is not None:
+            self.start(pending)  # the user has asked for another model since; the failed one no longer matters
+        elif engine is None:
+            self.load_error = error
+            self.load_failed.emit(error)
+        else:
+            self._timer.start()
+            self.loaded.emit(engine.stats())
+            if pending is not None:
+                asyncio.ensure_future(self.switch(pending))
 
     def _report_progress(self, fraction: float, phrase: str) -> None:
         self.load_progress.emit(fraction, phrase)
 
     async def switch(self, config: EngineConfig) -> None:
-        """Switch model or quantisation; on failure the previous model keeps serving and load_failed says why."""
-        if self.engine is None:
-            self.start(config)
+        """Switch model or quantisation; on failure the previous model keeps serving and load_failed says why.
+
+        With no engine yet (or a dead one) this loads ``config`` in the background; during the first load it
+        is queued behind it."""
+        if self.engine is None or self.failure is not None or not self.engine.alive:
+            self._replace_engine(config)
             return
         self.loading = True
         try:
@@ -75,6 +129,27 @@ class EngineBridge(QObject):
         finally:
             self.loading = False
 
+    def restart(self) -> None:
+        """Shut the dead engine down and load a fresh one with the last configuration, in the background."""
+        if self.config is not None:
+            self._replace_engine(self.config)
+
+    def _replace_engine(self, config: EngineConfig) -> None:
+        if self._background_load:
+            self._pending = config
+            return
+        old, self.engine = self.engine, None
+        if old is not None:
+            old.shutdown()  # its thread has stopped (or never served), so this returns at once
+        self.start(config)
+
+    def _engine_died(self, generation: int, reason: str) -> None:
+        if generation != self._generation or self._closed:
+            return  # an engine already replaced, or the app is closing
+        self.failure = reason
+        self._timer.stop()
+        self.engine_failed.emit(reason)
+
     def stream(self, messages: list[dict], sampling: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Stream a reply to chat ``messages``; leaving the loop stops it."""
         return self.engine.stream(messages, sampling)
@@ -86,6 +161,7 @@ class EngineBridge(QObject):
         return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def stats(self) -> EngineStats | None:
+        """The latest engine snapshot, or None before the first model has loaded."""
         return self.engine.stats() if self.engine else None
 
     def _poll_stats(self) -> None:
@@ -93,9 +169,14 @@ class EngineBridge(QObject):
             self.stats_updated.emit(self.engine.stats())
 
     def shutdown(self) -> None:
+        """Stop the engine thread; a model still loading is shut down as soon as its load finishes."""
         self._timer.stop()
-        if self.engine is not None:
-            self.engine.shutdown()
+        with self._lock:
+            self._closed = True
+            engine = self.engine
+        self._pending = None
+        if engine is not None:
+            engine.shutdown()
 
 
 async def wait_for(signal, timeout: float):

@@ -10,12 +10,13 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
+    QMessageBox,
     QPlainTextEdit,
     QSpinBox,
     QVBoxLayout,
 )
 
-from .settings import Preset
+from .settings import DEFAULTS, Preset, sampling_problems, valid_sampling
 
 CUSTOM = "Custom"
 
@@ -25,6 +26,7 @@ class SamplingForm(QGroupBox):
 
     def __init__(self, values: dict, parent=None) -> None:
         super().__init__("Sampling", parent)
+        values = valid_sampling({**DEFAULTS["sampling"], **values})  # stored values may predate validation
         form = QFormLayout(self)
         self.temperature = _double(0.0, 2.0, 0.05, values["temperature"])
         self.top_p = _double(0.01, 1.0, 0.01, values["top_p"])
@@ -52,6 +54,13 @@ class SamplingForm(QGroupBox):
             "max_tokens": self.max_tokens.value(), "seed": self.seed.value() if self.fixed_seed.isChecked() else None,
         }
 
+    def accept_or_explain(self) -> bool:
+        """True when the engine accepts these values; otherwise a message says what it refuses."""
+        problems = sampling_problems(self.values())
+        if problems:
+            QMessageBox.warning(self, "Sampling settings not valid", "\n".join(problems.values()))
+        return not problems
+
 
 class ChatSettingsDialog(QDialog):
     """One conversation's persona (a preset or a custom system prompt) and sampling."""
@@ -75,6 +84,10 @@ class ChatSettingsDialog(QDialog):
         self.preset.currentTextChanged.connect(self._preset_chosen)
         self.prompt.textChanged.connect(self._prompt_edited)
         self.resize(560, 620)
+
+    def accept(self) -> None:
+        if self.sampling.accept_or_explain():
+            super().accept()
 
     def _preset_chosen(self, name: str) -> None:
         if name in self.presets:
@@ -111,6 +124,10 @@ class PreferencesDialog(QDialog):
         form.addRow("Theme", self.theme)
         form.addRow("Persona for new chats", self.preset)
         _stack_with_ok_cancel(self, general, self.sampling)
+
+    def accept(self) -> None:
+        if self.sampling.accept_or_explain():
+            super().accept()
 
     def result_values(self) -> dict:
         return {"theme": self.theme.currentText(), "preset": self.preset.currentText(),

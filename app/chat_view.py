@@ -5,12 +5,13 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import QTextBrowser
 
-from .markdown import MarkdownRenderer
+from .markdown import MarkdownRenderer, is_safe_link, new_action_prefix
 from .store import Message
 
+VIEW_ACTIONS = ("edit", "regenerate", "previous", "next")
 RENDER_INTERVAL_MS = 50  # at most 20 redraws a second while tokens stream in
 STATUS_NOTES = {
     "stopped": "Stopped — the text above is what had arrived.",
@@ -45,7 +46,9 @@ class ChatView(QTextBrowser):
         super().__init__(parent)
         self.setOpenLinks(False)
         self.anchorClicked.connect(self._link)
-        self.renderer = MarkdownRenderer()
+        # The app's own links carry a secret prefix, so a link written by the model can never trigger them.
+        self.action_prefix = new_action_prefix()
+        self.renderer = MarkdownRenderer(action_prefix=self.action_prefix)
         self._messages: list[Message] = []
         self._streaming: dict[int, str] = {}
         self._versions: dict[int, tuple[int, int]] = {}
@@ -94,15 +97,17 @@ class ChatView(QTextBrowser):
         who = "You" if message.role == "user" else "Kvasir"
         text = self._streaming.get(message.id, message.text)
         body = html.escape(text).replace("\n", "<br>") if message.role == "user" else self.renderer.render(text)
-        footer = [f'<a href="copymsg:{index}">Copy</a>']
+        act = self.action_prefix
+        footer = [f'<a href="{act}copymsg/{index}">Copy</a>']
         live = message.id in self._streaming
         if message.role == "user" and not live:
-            footer.append(f'<a href="edit:{message.id}">Edit</a>')
+            footer.append(f'<a href="{act}edit/{message.id}">Edit</a>')
         if index == len(self._messages) - 1 and message.role == "assistant" and not live:
-            footer.append(f'<a href="regenerate:{message.id}">Regenerate</a>')
+            footer.append(f'<a href="{act}regenerate/{message.id}">Regenerate</a>')
         number, count = self._versions.get(message.id, (1, 1))
         if count > 1:
-            footer.append(f'<a href="previous:{message.id}">‹</a> {number}/{count} <a href="next:{message.id}">›</a>')
+            footer.append(f'<a href="{act}previous/{message.id}">‹</a> {number}/{count} '
+                          f'<a href="{act}next/{message.id}">›</a>')
         if message.role == "assistant":
             note = "Writing…" if live and message.status == "partial" else STATUS_NOTES.get(message.status, "")
             if message.status == "error" and message.error:
@@ -117,19 +122,25 @@ class ChatView(QTextBrowser):
         )
 
     def _link(self, url: QUrl) -> None:
+        """A click on a link: one of the view's own actions, or an http(s)/mailto link opened outside."""
         target = url.toString()
-        if target.startswith("copy:"):
-            text = self.renderer.code_blocks[int(target.split(":", 1)[1])]
-        elif target.startswith("copymsg:"):
-            text = self.message_text(int(target.split(":", 1)[1]))
-        elif target.split(":", 1)[0] in ("edit", "regenerate", "previous", "next"):
-            kind, message_id = target.split(":", 1)
-            self.action.emit(kind, int(message_id))
-            return
-        else:
-            from PySide6.QtGui import QDesktopServices
-
+        if target.startswith(self.action_prefix):
+            self._action(target[len(self.action_prefix):])
+        elif is_safe_link(target):
             QDesktopServices.openUrl(url)
+
+    def _action(self, action: str) -> None:
+        kind, _, argument = action.partition("/")
+        if not argument.isdigit():
             return
+        number = int(argument)
+        if kind == "copy" and number < len(self.renderer.code_blocks):
+            self._copy(self.renderer.code_blocks[number])
+        elif kind == "copymsg" and number < len(self._messages):
+            self._copy(self.message_text(number))
+        elif kind in VIEW_ACTIONS:
+            self.action.emit(kind, number)
+
+    def _copy(self, text: str) -> None:
         QGuiApplication.clipboard().setText(text)
         self.copied.emit(text)

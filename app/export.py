@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 
+from .settings import SAMPLING_KEYS, sampling_problems
 from .store import Store
 
 FORMAT = "kvasir-conversation"
 FORMAT_VERSION = 1
 
 
-class ImportError_(ValueError):
+ROLES = ("user", "assistant")
+STATUSES = ("complete", "partial", "stopped", "error")
+MESSAGE_KEYS = {  # key: (types allowed, required)
+    "id": ((int,), True), "parent": ((int, type(None)), True), "role": ((str,), True), "text": ((str,), True),
+    "created": ((int, float), True), "model": ((str, type(None)), False),
+    "quantization": ((str, type(None)), False), "stats": ((dict, type(None)), False),
+    "status": ((str,), False), "error": ((str, type(None)), False),
+}
+CONVERSATION_KEYS = {
+    "title": ((str, type(None)), False), "system_prompt": ((str,), False), "preset": ((str, type(None)), False),
+    "settings": ((dict, type(None)), False), "head": ((int, type(None)), False),
+}
+
+
+class ConversationImportError(ValueError):
     """The file is not a conversation Kvasir can read; the message says why."""
 
 
@@ -46,28 +62,135 @@ def to_json(store: Store, conversation_id: int) -> str:
 
 
 def from_json(store: Store, text: str) -> int:
-    """Create a conversation from :func:`to_json` output; returns its id."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ImportError_(f"not JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ImportError_("not a Kvasir conversation export")
-    if data.get("version", 0) > FORMAT_VERSION:
-        raise ImportError_(f"written by a newer Kvasir (format version {data['version']})")
-    meta = data["conversation"]
-    conv = store.create_conversation(meta.get("title") or "Imported chat", meta.get("system_prompt", ""),
-                                     meta.get("preset"), meta.get("settings") or {})
-    new_ids: dict[int, int] = {}
-    for m in sorted(data["messages"], key=lambda m: (m["created"], m["id"])):
-        if m["role"] not in ("user", "assistant"):
-            raise ImportError_(f"unknown role {m['role']!r}")
-        parent = new_ids.get(m["parent"]) if m["parent"] is not None else None
-        stored = store.add_message(conv.id, m["role"], m["text"], parent_id=parent, model=m.get("model"),
-                                   quantization=m.get("quantization"), stats=m.get("stats") or {},
-                                   status=m.get("status", "complete"), error=m.get("error"))
-        new_ids[m["id"]] = stored.id
-    head = new_ids.get(meta.get("head"))
-    if head is not None:
-        store.update_conversation(conv.id, head_id=head)
+    """Create a conversation from :func:`to_json` output; returns its id.
+
+    The whole file is checked first and then written in one transaction, so a bad file changes nothing and
+    raises :class:`ConversationImportError` saying what is wrong."""
+    data = _parse(text)
+    meta, messages = data["conversation"], data["messages"]
+    with store.transaction():
+        conv = store.create_conversation(meta.get("title") or "Imported chat", meta.get("system_prompt") or "",
+                                         meta.get("preset"), meta.get("settings") or {})
+        new_ids: dict[int, int] = {}
+        for m in _parents_first(messages):
+            parent = new_ids[m["parent"]] if m["parent"] is not None else None
+            stored = store.add_message(conv.id, m["role"], m["text"], parent_id=parent, model=m.get("model"),
+                                       quantization=m.get("quantization"), stats=m.get("stats") or {},
+                                       status=m.get("status", "complete"), error=m.get("error"))
+            new_ids[m["id"]] = stored.id
+        head = new_ids.get(meta.get("head"))
+        if head is not None:
+            store.update_conversation(conv.id, head_id=head)
     return conv.id
+
+
+def _parse(text: str) -> dict:
+    """The export as a dict, every part of it checked; raises ConversationImportError."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise ConversationImportError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConversationImportError("not a Kvasir conversation export")
+    version = data.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ConversationImportError(f"the format version {version!r} is not a number")
+    if version > FORMAT_VERSION:
+        raise ConversationImportError(f"written by a newer Kvasir (format version {version})")
+    _check_conversation(data.get("conversation"))
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        raise ConversationImportError("'messages' is missing or not a list")
+    for index, message in enumerate(messages):
+        _check_message(index, message)
+    _check_tree(messages, data["conversation"].get("head"))
+    return data
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _check_fields(where: str, value, spec: dict) -> None:
+    """``value`` is an object whose keys have the types ``spec`` allows, with the required ones present."""
+    if not isinstance(value, dict):
+        raise ConversationImportError(f"{where} is not an object")
+    for key, (types, required) in spec.items():
+        if key not in value:
+            if required:
+                raise ConversationImportError(f"{where} has no '{key}'")
+            continue
+        item = value[key]
+        if not isinstance(item, types) or (isinstance(item, bool) and bool not in types):
+            raise ConversationImportError(f"{where}: '{key}' is {type(item).__name__}, not {_names(types)}")
+
+
+def _names(types: tuple) -> str:
+    words = {int: "an integer", float: "a number", str: "text", dict: "an object", type(None): "null"}
+    return " or ".join(words[t] for t in types)
+
+
+def _check_conversation(meta) -> None:
+    _check_fields("'conversation'", meta, CONVERSATION_KEYS)
+    settings = meta.get("settings") or {}
+    unknown = set(settings) - set(SAMPLING_KEYS) - {"skip_messages"}
+    if unknown:
+        raise ConversationImportError(f"unknown chat settings: {', '.join(sorted(unknown))}")
+    skip = settings.get("skip_messages", 0)
+    if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+        raise ConversationImportError(f"the setting skip_messages={skip!r} is not a count")
+    problems = sampling_problems(settings)
+    if problems:
+        raise ConversationImportError("invalid sampling settings: " + "; ".join(problems.values()))
+
+
+def _check_message(index: int, message) -> None:
+    where = f"message {index + 1}"
+    _check_fields(where, message, MESSAGE_KEYS)
+    if message["role"] not in ROLES:
+        raise ConversationImportError(f"{where}: unknown role {message['role']!r}")
+    if message.get("status", "complete") not in STATUSES:
+        raise ConversationImportError(f"{where}: unknown status {message['status']!r}")
+    if not math.isfinite(message["created"]):
+        raise ConversationImportError(f"{where}: 'created' is not a finite number")
+    for key, value in (message.get("stats") or {}).items():
+        if value is not None and not _finite_number(value):
+            raise ConversationImportError(f"{where}: the statistic {key!r} is {value!r}, not a finite number")
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_tree(messages: list[dict], head) -> None:
+    """Ids are unique, every parent is in the file, and following parents never loops."""
+    parents = {}
+    for m in messages:
+        if m["id"] in parents:
+            raise ConversationImportError(f"two messages have the id {m['id']}")
+        parents[m["id"]] = m["parent"]
+    for message_id, parent in parents.items():
+        if parent is not None and parent not in parents:
+            raise ConversationImportError(f"message {message_id} answers message {parent}, which is not in the file")
+    acyclic: set[int] = set()
+    for start in parents:
+        path, node = [], start
+        while node is not None and node not in acyclic:
+            if node in path:
+                raise ConversationImportError(f"the replies of message {start} loop back on themselves")
+            path.append(node)
+            node = parents[node]
+        acyclic.update(path)  # walked to a root: no later walk needs to pass here again
+    if head is not None and head not in parents:
+        raise ConversationImportError(f"the conversation's current message {head} is not in the file")
+
+
+def _parents_first(messages: list[dict]) -> list[dict]:
+    """Messages in an order where each comes after its parent; siblings oldest first."""
+    children: dict[int | None, list[dict]] = {}
+    for m in sorted(messages, key=lambda m: (m["created"], m["id"])):
+        children.setdefault(m["parent"], []).append(m)
+    ordered = list(children.get(None, []))
+    for m in ordered:  # grows while it is walked: a breadth-first walk from the roots
+        ordered += children.get(m["id"], [])
+    return ordered

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
@@ -33,6 +34,7 @@ from .chat_settings import ChatSettingsDialog, PreferencesDialog
 from .chat_view import ChatView
 from .composer import Composer
 from .conversation_list import ConversationSidebar
+from .engine_banner import EngineBanner, not_ready_message
 from .export import from_json, to_json, to_markdown
 from .metrics_panel import MetricsPanel
 from .model_dialog import ModelDialog
@@ -102,6 +104,8 @@ class MainWindow(QMainWindow):
         header.addWidget(self.persona_button)
         header.addStretch(1)
         center_layout.addLayout(header)
+        self.banner = EngineBanner()
+        center_layout.addWidget(self.banner)
         center_layout.addWidget(self.chat, 1)
         center_layout.addWidget(self.composer)
         self.panel = MetricsPanel()
@@ -153,6 +157,9 @@ class MainWindow(QMainWindow):
         self.bridge.loaded.connect(self._loaded)
         self.bridge.load_failed.connect(self._load_failed)
         self.bridge.stats_updated.connect(self._stats)
+        self.bridge.engine_failed.connect(self._engine_failed)
+        self.banner.restart_requested.connect(self.restart_engine)
+        self.banner.choose_model_requested.connect(self.open_model_manager)
         self.panel_button.toggled.connect(self.panel.setVisible)
         self.model_box.activated.connect(lambda _: self._switch())
         self.quant_box.activated.connect(lambda _: self._switch())
@@ -220,7 +227,7 @@ class MainWindow(QMainWindow):
 
     def send(self, text: str) -> asyncio.Task | None:
         if not self.bridge.ready:
-            self.statusBar().showMessage("The model is still loading; your message is kept in the box.", 4000)
+            self.statusBar().showMessage(not_ready_message(self.bridge), 6000)
             return None
         editing = self.composer.editing_id
         if editing is None and not self._make_room(text):
@@ -362,7 +369,7 @@ class MainWindow(QMainWindow):
     def import_conversation(self, path: Path) -> int | None:
         try:
             conversation_id = from_json(self.store, path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, sqlite3.Error) as exc:  # the file is refused as a whole; nothing was added
             QMessageBox.warning(self, "Import failed", f"{path.name} could not be imported: {exc}")
             return None
         self.sidebar.model.refresh()
@@ -444,6 +451,7 @@ class MainWindow(QMainWindow):
 
     def _loaded(self, stats: EngineStats) -> None:
         self.progress.hide()
+        self.banner.hide()
         self._stats(stats)
         self.statusBar().showMessage(f"{stats.model_name} is ready", 4000)
         for warning in stats.warnings:
@@ -451,7 +459,22 @@ class MainWindow(QMainWindow):
 
     def _load_failed(self, message: str) -> None:
         self.progress.hide()
-        self.statusBar().showMessage(f"Could not load the model: {message}", 15000)
+        if self.bridge.serving:  # a failed switch: the previous model keeps serving
+            self.statusBar().showMessage(f"Could not load the model: {message}", 15000)
+            return
+        self.device_label.setText("no model loaded")
+        self.banner.show_load_failed(message)
+
+    def _engine_failed(self, reason: str) -> None:
+        self.progress.hide()
+        self.device_label.setText("engine stopped")
+        self.banner.show_engine_stopped(reason)
+
+    def restart_engine(self) -> None:
+        """Load the last model again in a fresh engine (after it stopped, or after a failed load)."""
+        self.banner.show_restarting()
+        self.progress.show()
+        self.bridge.restart()
 
     def _stats(self, stats: EngineStats) -> None:
         self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -27,6 +29,8 @@ COLUMNS = ("Name", "Architecture", "Parameters", "Context", "On disk", "Licence"
 
 def _size(n: int) -> str:
     return f"{n / 1024**3:.2f} GB" if n >= 1024**3 else f"{n / 1024**2:.0f} MB"
+
+log = logging.getLogger(__name__)
 
 
 class LibraryTableModel(QAbstractTableModel):
@@ -124,8 +128,8 @@ class ModelDialog(QDialog):
             return
         try:
             fit = estimate(EngineConfig(model=entry.spec, quantization=self.quant.currentText()))
-        except EngineError as exc:
-            self.fit.setText(f"Can't be loaded: {exc}")
+        except Exception as exc:  # whatever the files hold, the user reads why, never nothing
+            self.fit.setText(f"Can't be loaded: {_in_words(exc)}")
             return
         verdict = "Fits." if fit.fits else "Does not fit in the free memory."
         self.fit.setText(f"{verdict} {fit.summary()}")
@@ -133,8 +137,8 @@ class ModelDialog(QDialog):
     def add(self, spec: str) -> LibraryEntry | None:
         try:
             entry = self.library.add(spec)
-        except EngineError as exc:
-            QMessageBox.warning(self, "Can't add this model", str(exc))
+        except Exception as exc:  # whatever the files hold, the user reads why, never nothing
+            QMessageBox.warning(self, "Can't add this model", _in_words(exc))
             return None
         self.model.refresh()
         self.table.selectRow(next(i for i, e in enumerate(self.model.entries) if e.spec == entry.spec))
@@ -143,7 +147,11 @@ class ModelDialog(QDialog):
     def remove_selected(self) -> None:
         entry = self.selected()
         if entry is not None and not entry.builtin:
-            self.library.remove(entry.name)
+            try:
+                self.library.remove(entry.name)
+            except Exception as exc:
+                QMessageBox.warning(self, "Can't remove this model", _in_words(exc))
+                return
             self.model.refresh()
             self.table.selectRow(0)
 
@@ -162,3 +170,11 @@ class ModelDialog(QDialog):
         if entry is not None:
             self.load_requested.emit(entry.spec, self.quant.currentText())
             self.accept()
+
+
+def _in_words(exc: Exception) -> str:
+    """The engine's own errors are already sentences; anything else also names its kind."""
+    if isinstance(exc, EngineError):
+        return str(exc)
+    log.exception("unexpected error from the model library")
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine import SamplingParams
+
+log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "theme": "system",  # "system" | "light" | "dark"
@@ -16,6 +21,38 @@ DEFAULTS = {
                  "max_tokens": 512, "seed": None},
 }
 SAMPLING_KEYS = tuple(DEFAULTS["sampling"])
+THEMES = ("system", "light", "dark")
+
+
+class SettingsError(ValueError):
+    """settings.json can't be read as settings at all (not JSON, or not an object); the message says why."""
+
+
+def sampling_problems(values: dict) -> dict[str, str]:
+    """The sampling settings in ``values`` that the engine would refuse, each with the engine's reason."""
+    problems = {}
+    for key in SAMPLING_KEYS:
+        if key in values:
+            try:
+                SamplingParams(**{key: values[key]})  # the engine owns the rules; ask it, one field at a time
+            except (ValueError, TypeError) as exc:
+                problems[key] = str(exc) if key in str(exc) else f"{key}: {exc}"
+    if not problems:
+        try:
+            SamplingParams(**{k: v for k, v in values.items() if k in SAMPLING_KEYS})
+        except (ValueError, TypeError) as exc:
+            problems["sampling"] = str(exc)
+    return problems
+
+
+def valid_sampling(values: dict) -> dict:
+    """``values`` with every setting the engine would refuse put back to its default (a warning is logged)."""
+    problems = sampling_problems(values)
+    for key, reason in problems.items():
+        log.warning("ignoring the sampling setting %s=%r: %s", key, values.get(key), reason)
+    if "sampling" in problems:
+        return dict(DEFAULTS["sampling"])
+    return {**values, **{key: DEFAULTS["sampling"][key] for key in problems}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,21 +85,26 @@ def config_dir() -> Path:
 
 
 class Settings:
-    """``settings["theme"]`` etc.: the saved value, or the default. ``save()`` writes the file."""
+    """``settings["theme"]`` etc.: the saved value, or the default. ``save()`` writes the file.
+
+    A file that is not a JSON object raises :class:`SettingsError` (the app offers to move it aside); a single
+    bad value falls back to its default with a logged warning."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or config_dir() / "settings.json"
         self.values = json.loads(json.dumps(DEFAULTS))
         if self.path.is_file():
-            try:
-                saved = json.loads(self.path.read_text(encoding="utf-8"))
-            except ValueError:
-                saved = {}  # a damaged file falls back to the defaults rather than stopping the app
-            for key, value in saved.items():
-                if key == "sampling" and isinstance(value, dict):
-                    self.values["sampling"].update({k: v for k, v in value.items() if k in SAMPLING_KEYS})
-                elif key in DEFAULTS:
-                    self.values[key] = value
+            self._merge(_read_object(self.path))
+
+    def _merge(self, saved: dict) -> None:
+        for key, value in saved.items():
+            if key == "sampling" and isinstance(value, dict):
+                known = {k: v for k, v in value.items() if k in SAMPLING_KEYS}
+                self.values["sampling"].update(valid_sampling(known))
+            elif key in DEFAULTS and _valid_value(key, value):
+                self.values[key] = value
+            elif key in DEFAULTS:
+                log.warning("ignoring the setting %s=%r in %s: not a valid value", key, value, self.path)
 
     def __getitem__(self, key: str):
         return self.values[key]
@@ -73,7 +115,36 @@ class Settings:
         self.values[key] = value
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Write the file atomically, readable by the user only."""
+        _private_folder(self.path.parent)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.values, indent=2), encoding="utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(json.dumps(self.values, indent=2))
+        if os.name == "posix":
+            os.chmod(tmp, 0o600)  # an older .tmp left behind may have had wider permissions
         tmp.replace(self.path)
+
+
+def _read_object(path: Path) -> dict:
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SettingsError(f"it is not readable JSON ({exc})") from None
+    if not isinstance(saved, dict):
+        raise SettingsError(f"it holds a JSON {type(saved).__name__}, not an object of settings")
+    return saved
+
+
+def _valid_value(key: str, value) -> bool:
+    """Whether a top-level setting has a usable type (sampling is checked by the engine's rules)."""
+    if key == "theme":
+        return value in THEMES
+    if key == "sampling":
+        return False  # a dict is merged key by key above; anything else is not sampling settings
+    return isinstance(value, str) and bool(value)
+
+
+def _private_folder(folder: Path) -> None:
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=0o700)

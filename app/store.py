@@ -8,6 +8,7 @@ back to them.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -89,15 +90,29 @@ class Store:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(self.path)
+        self._depth = 0  # nesting of transaction(): only the outermost one commits
         self._db = sqlite3.connect(self.path, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except BaseException:
+            self._db.close()  # a damaged or newer file must not stay open (it is about to be moved aside)
+            raise
 
     def close(self) -> None:
         self._db.close()
+
+    def check(self) -> str | None:
+        """None when SQLite finds the file sound; otherwise what it found wrong."""
+        try:
+            rows = self._db.execute("PRAGMA quick_check").fetchall()  # reads every page; seconds for huge files
+        except sqlite3.DatabaseError as exc:
+            return str(exc)
+        findings = [row[0] for row in rows]
+        return None if findings == ["ok"] else "; ".join(findings[:3])
 
     @property
     def schema_version(self) -> int:
@@ -139,8 +154,11 @@ class Store:
     def undelete_conversation(self, conversation_id: int) -> None:
         self._db.execute("UPDATE conversations SET deleted = NULL WHERE id = ?", (conversation_id,))
 
-    def purge_deleted(self) -> int:
-        return self._db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL").rowcount
+    def purge_deleted(self, older_than_s: float = 0.0) -> int:
+        """Delete for good the chats deleted more than ``older_than_s`` seconds ago; returns how many."""
+        cutoff = time.time() - older_than_s
+        return self._db.execute("DELETE FROM conversations WHERE deleted IS NOT NULL AND deleted <= ?",
+                                (cutoff,)).rowcount
 
     # -- messages -----------------------------------------------------------------------------------
 
@@ -148,7 +166,7 @@ class Store:
                     **extra) -> Message:
         """Append a message under ``parent_id`` and make it the conversation's head."""
         now = time.time()
-        with self._transaction():
+        with self.transaction():
             cursor = self._db.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, text, created, model, quantization, stats,"
                 " status, error) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -231,13 +249,24 @@ class Store:
         self._db.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values, row_id))
 
     @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN")
+    def transaction(self) -> Iterator[None]:
+        """Everything written inside happens together or not at all; nested uses join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._db.execute("BEGIN IMMEDIATE")  # take the write lock now, so a commit can't fail half-way
+        self._depth = 1
         try:
             yield
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+        finally:
+            self._depth = 0
         self._db.execute("COMMIT")
 
     def _migrate(self) -> None:
@@ -245,11 +274,38 @@ class Store:
         if current > SCHEMA_VERSION:
             raise StoreError(f"{self.path} was written by a newer Kvasir (schema {current} > {SCHEMA_VERSION})")
         for version in range(current + 1, SCHEMA_VERSION + 1):
-            with self._transaction():
-                for statement in MIGRATIONS[version].split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
+            with self.transaction():
+                for statement in split_statements(MIGRATIONS[version]):
+                    self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {version}")
+
+
+def split_statements(script: str) -> list[str]:
+    """The SQL statements of ``script``; a ``;`` inside a string literal or a trigger body does not end one."""
+    statements, pending = [], ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\r\n;"):
+                statements.append(pending.strip())
+            pending = ""
+    if pending.strip(" \t\r\n;"):
+        raise StoreError(f"incomplete SQL statement in a migration: {pending.strip()[:80]!r}")
+    return statements
+
+
+def _make_private(path: Path) -> None:
+    """Create the database file (and its folder) readable by the user only: chats are private.
+
+    SQLite gives the WAL and SHM files the permissions of the database file, so they follow."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    if os.name != "posix":
+        return
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if file.exists():
+            os.chmod(file, 0o600)
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.export import ImportError_, from_json, to_json, to_markdown
+from app.export import ConversationImportError, from_json, to_json, to_markdown
 from tests.helpers.fake_engine import FakeBridge
 
 
@@ -85,13 +85,13 @@ def test_export_markdown_and_json_then_import(window, qloop, store, tmp_path):
 
 
 def test_import_refuses_what_is_not_a_conversation(store):
-    with pytest.raises(ImportError_, match="not JSON"):
+    with pytest.raises(ConversationImportError, match="not JSON"):
         from_json(store, "{nope")
-    with pytest.raises(ImportError_, match="not a Kvasir conversation"):
+    with pytest.raises(ConversationImportError, match="not a Kvasir conversation"):
         from_json(store, json.dumps({"messages": []}))
     future = json.loads(to_json(store, store.create_conversation("x").id))
     future["version"] = 99
-    with pytest.raises(ImportError_, match="newer Kvasir"):
+    with pytest.raises(ConversationImportError, match="newer Kvasir"):
         from_json(store, json.dumps(future))
 
 

@@ -55,3 +55,18 @@ def test_loading_from_the_manager_switches_the_bridge(qtbot, window, qloop, tmp_
     qloop.run_until_complete(__import__("asyncio").sleep(0.01))
     assert switched[-1].model == str(tiny_llama.resolve()) and switched[-1].quantization == "int8"
     assert window.model_box.currentText() == "llama" and window.quant_box.currentText() == "int8"
+
+
+def test_any_failure_while_adding_is_shown_in_words(qtbot, tmp_path, monkeypatch):
+    """Not only the engine's own errors: an unexpected exception from the library reaches the user too."""
+    from PySide6.QtWidgets import QMessageBox
+
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
+    library = ModelLibrary()
+    dialog = ModelDialog(library, "none")
+    qtbot.addWidget(dialog)
+    shown = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text: shown.append((title, text)))
+    monkeypatch.setattr(library, "add", lambda spec: (_ for _ in ()).throw(ZeroDivisionError("division by zero")))
+    assert dialog.add("whatever.gguf") is None
+    assert shown == [("Can't add this model", "ZeroDivisionError: division by zero")]

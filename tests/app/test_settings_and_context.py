@@ -2,8 +2,10 @@
 
 import json
 
+import pytest
+
 from app.chat_settings import CUSTOM, ChatSettingsDialog
-from app.settings import DEFAULTS, Settings, load_presets
+from app.settings import DEFAULTS, Settings, SettingsError, load_presets
 from tests.helpers.fake_engine import fake_stats
 
 
@@ -23,7 +25,8 @@ def test_settings_merge_saved_values_over_defaults(tmp_path):
     settings.save()
     assert Settings(path)["preset"] == "Concise"
     path.write_text("{damaged")
-    assert Settings(path)["theme"] == "system"
+    with pytest.raises(SettingsError, match="not readable JSON"):
+        Settings(path)  # the app offers to move the file aside (see test_startup_checks)
 
 
 def test_new_chats_start_with_the_default_persona_and_sampling(window, qloop, store):

@@ -1,5 +1,6 @@
 """The SQLite store: conversations, the message tree, search, soft delete, schema versions."""
 
+import os
 import sqlite3
 
 import pytest
@@ -107,3 +108,98 @@ def test_older_databases_are_migrated_forward(tmp_path, monkeypatch):
     columns = [row[1] for row in upgraded._db.execute("PRAGMA table_info(conversations)")]
     assert "colour" in columns
     upgraded.close()
+
+
+def test_purge_keeps_chats_deleted_within_the_undo_window(store, monkeypatch):
+    import app.store as store_module
+
+    old = store.create_conversation("deleted long ago")
+    recent = store.create_conversation("deleted just now")
+    now = store_module.time.time()
+    monkeypatch.setattr(store_module.time, "time", lambda: now - 2 * 86400)
+    store.delete_conversation(old.id)
+    monkeypatch.setattr(store_module.time, "time", lambda: now)
+    store.delete_conversation(recent.id)
+    assert store.purge_deleted(older_than_s=86400) == 1
+    with pytest.raises(KeyError):
+        store.conversation(old.id)
+    store.undelete_conversation(recent.id)
+    assert [c.title for c in store.conversations()] == ["deleted just now"]
+
+
+def test_migrations_keep_semicolons_inside_strings_and_triggers(tmp_path, monkeypatch):
+    import app.store as store_module
+
+    migration = """
+    CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL DEFAULT 'a; b');
+    CREATE TABLE log (what TEXT);
+    CREATE TRIGGER note_added AFTER INSERT ON notes BEGIN
+        INSERT INTO log VALUES ('added; one');
+        INSERT INTO log VALUES ('added; two');
+    END;
+    INSERT INTO notes (id) VALUES (1);
+    """
+    monkeypatch.setitem(store_module.MIGRATIONS, 2, migration)
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
+    upgraded = Store(tmp_path / "kvasir.db")
+    assert upgraded.schema_version == 2
+    assert upgraded._db.execute("SELECT body FROM notes").fetchone()[0] == "a; b"
+    assert [r[0] for r in upgraded._db.execute("SELECT what FROM log")] == ["added; one", "added; two"]
+    upgraded.close()
+
+
+def test_split_statements_refuses_an_unfinished_statement():
+    from app.store import split_statements
+
+    assert split_statements("SELECT 1; SELECT ';'") == ["SELECT 1;", "SELECT ';';"]
+    with pytest.raises(StoreError, match="incomplete"):
+        split_statements("CREATE TRIGGER t AFTER INSERT ON x BEGIN SELECT 1;")
+
+
+def test_a_failed_migration_leaves_the_old_version(tmp_path, monkeypatch):
+    import app.store as store_module
+
+    path = tmp_path / "kvasir.db"
+    Store(path).close()
+    monkeypatch.setitem(store_module.MIGRATIONS, 2, "CREATE TABLE ok (x); CREATE TABLE broken (;")
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
+    with pytest.raises(sqlite3.Error):
+        Store(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'ok'").fetchone()[0] == 0
+    db.close()
+
+
+def test_transaction_commits_together_or_not_at_all(store):
+    conv = store.create_conversation("kept")
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.add_message(conv.id, "user", "one")  # add_message's own transaction joins this one
+            store.add_message(conv.id, "user", "two")
+            raise RuntimeError("stop")
+    assert store.all_messages(conv.id) == []
+    with store.transaction():
+        store.add_message(conv.id, "user", "one")
+    assert [m.text for m in store.all_messages(conv.id)] == ["one"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_database_files_are_readable_by_the_user_only(tmp_path):
+    folder = tmp_path / "data"
+    s = Store(folder / "kvasir.db")
+    s.create_conversation("private")
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    s.close()
+    assert {"kvasir.db", "kvasir.db-wal", "kvasir.db-shm"} <= modes.keys()
+    assert set(modes.values()) == {0o600}
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_an_existing_world_readable_database_is_made_private(tmp_path):
+    path = tmp_path / "kvasir.db"
+    Store(path).close()
+    os.chmod(path, 0o644)
+    Store(path).close()
+    assert path.stat().st_mode & 0o777 == 0o600

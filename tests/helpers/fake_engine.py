@@ -6,7 +6,7 @@ import asyncio
 
 from PySide6.QtCore import QObject, Signal
 
-from engine import EngineStats, RequestMetrics, RequestOutput
+from engine import EngineDeadError, EngineStats, RequestMetrics, RequestOutput
 
 WORDS = "Paris is the capital of France and a **lovely** city .".split()
 
@@ -25,18 +25,24 @@ def fake_stats(**overrides) -> EngineStats:
 
 
 class FakeBridge(QObject):
-    """Streams ``WORDS`` one per tick; ``gate`` (an asyncio.Event) can hold a stream mid-way."""
+    """Streams ``WORDS`` one per tick; ``gate`` (an asyncio.Event) can hold a stream mid-way.
+
+    ``fail(reason)`` makes the engine die as the real one can; ``fail_load(reason)`` makes a load fail."""
 
     load_progress = Signal(float, str)
     loaded = Signal(object)
     load_failed = Signal(str)
     stats_updated = Signal(object)
+    engine_failed = Signal(str)
 
     def __init__(self, words=WORDS, finish_reason="stop") -> None:
         super().__init__()
         self.words, self.finish_reason = list(words), finish_reason
-        self.ready, self.loading = True, False
+        self.ready, self.loading, self.serving = True, False, True
+        self.failure: str | None = None
+        self.load_error: str | None = None
         self.requests: list[list[dict]] = []
+        self.restarts = 0
         self.gate: asyncio.Event | None = None
         self._stats = fake_stats()
 
@@ -47,21 +53,49 @@ class FakeBridge(QObject):
         return sum(len(m["content"].split()) + 4 for m in messages)
 
     def start(self, config) -> None:
-        self.loaded.emit(self._stats)
+        self._serve()
 
     async def switch(self, config) -> None:
-        self.loaded.emit(self._stats)
+        self._serve()
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self._serve()
 
     def shutdown(self) -> None:
         pass
 
-    async def stream(self, messages, sampling):
+    def fail(self, reason: str) -> None:
+        """The engine thread dies: open streams end with EngineDeadError, new ones raise it at once."""
+        self.failure, self.ready, self.serving = reason, False, False
+        if self.gate is not None:
+            self.gate.set()  # wake a held stream so that it sees the failure
+        self.engine_failed.emit(reason)
+
+    def fail_load(self, reason: str) -> None:
+        """The model could not be loaded, and no engine serves."""
+        self.load_error, self.ready, self.serving = reason, False, False
+        self.load_failed.emit(reason)
+
+    def _serve(self) -> None:
+        self.failure = self.load_error = None
+        self.ready = self.serving = True
+        self.loaded.emit(self._stats)
+
+    def stream(self, messages, sampling):
+        if self.failure is not None:
+            raise EngineDeadError(self.failure)
         self.requests.append(messages)
+        return self._stream()
+
+    async def _stream(self):
         text = ""
         for i, word in enumerate(self.words):
             if self.gate is not None and i == 2:
                 await self.gate.wait()
             await asyncio.sleep(0)
+            if self.failure is not None:
+                raise EngineDeadError(self.failure)
             text += ("" if i == 0 else " ") + word
             last = i == len(self.words) - 1
             yield _output(text, i + 1, self.finish_reason if last else None)
