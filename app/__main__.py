@@ -23,7 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--self-test", action="store_true",
                         help="start offscreen, send one message, print its metrics as JSON, exit")
     parser.add_argument("--model", default="default", help="model to start with (default: the bundled one)")
-    parser.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "nf4", "fp4"])
+    parser.add_argument("--quant", default="auto", help="auto, none, int8, nf4 or fp4 (checked by the engine)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", default=None, help="where chats are stored (default: the user data folder)")
     return parser.parse_args(argv)
@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from .bridge import EngineBridge
     from .main_window import MainWindow
 
+    try:
+        config = EngineConfig(model=args.model, quantization=args.quant, device=args.device)
+    except ValueError as exc:
+        print(f"kvasir: {exc}", file=sys.stderr)
+        return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Kvasir")
     lock, opened = open_for_this_run(args.self_test)  # the lock is held until run() returns
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     bridge = EngineBridge()
     window = MainWindow(store, bridge, library, settings)
     window.show()
-    bridge.start(EngineConfig(model=args.model, quantization=args.quant, device=args.device))
+    bridge.start(config)
     with loop:
         try:
             if args.self_test:
@@ -79,7 +84,7 @@ def open_for_this_run(self_test: bool):
     another Kvasir uses the folder, or a damaged file was not moved aside."""
     from PySide6.QtWidgets import QMessageBox
 
-    from engine.library import ModelLibrary, data_dir
+    from engine import ModelLibrary, data_dir
 
     from .settings import config_dir
     from .single_instance import acquire_instance_lock, already_running_message

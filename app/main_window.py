@@ -25,8 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import EngineConfig, EngineStats
-from engine.library import ModelLibrary
+from engine import QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
 
 from .bridge import EngineBridge
 from .chat_controller import ChatController
@@ -41,8 +40,6 @@ from .model_dialog import ModelDialog
 from .settings import Settings, load_presets
 from .store import Message, Store
 from .theme import apply_theme
-
-QUANT_MODES = ["auto", "none", "int8", "nf4", "fp4"]
 
 
 class MainWindow(QMainWindow):
@@ -74,7 +71,7 @@ class MainWindow(QMainWindow):
         self.model_box.setMinimumWidth(220)
         self._fill_model_box()
         self.quant_box = QComboBox()
-        self.quant_box.addItems(QUANT_MODES)
+        self.quant_box.addItems(QUANTIZATIONS)
         self.quant_box.setToolTip("Quantisation: auto is nf4 on a GPU, none on the CPU")
         self.progress = QProgressBar(maximumWidth=220, textVisible=True)
         self.progress.hide()

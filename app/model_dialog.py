@@ -20,9 +20,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from engine import EngineConfig, EngineError
-from engine.fit import estimate
-from engine.library import LibraryEntry, ModelLibrary
+from engine import QUANTIZATIONS, EngineConfig, EngineError, LibraryEntry, ModelLibrary, estimate_fit
 
 COLUMNS = ("Name", "Architecture", "Parameters", "Context", "On disk", "Licence", "Source")
 
@@ -89,7 +87,7 @@ class ModelDialog(QDialog):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
         self.quant = QComboBox()
-        self.quant.addItems(["auto", "none", "int8", "nf4", "fp4"])
+        self.quant.addItems(QUANTIZATIONS)
         self.quant.setCurrentText(quantization)
         self.fit = QLabel("Select a model to see whether it fits.")
         self.fit.setWordWrap(True)
@@ -127,7 +125,7 @@ class ModelDialog(QDialog):
         if entry is None:
             return
         try:
-            fit = estimate(EngineConfig(model=entry.spec, quantization=self.quant.currentText()))
+            fit = estimate_fit(EngineConfig(model=entry.spec, quantization=self.quant.currentText()))
         except Exception as exc:  # whatever the files hold, the user reads why, never nothing
             self.fit.setText(f"Can't be loaded: {_in_words(exc)}")
             return

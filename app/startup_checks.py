@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import LibraryError
-from engine.library import ModelLibrary
+from engine import LibraryError, ModelLibrary
 
 from .settings import Settings, SettingsError
 from .store import Store, StoreError

@@ -1,23 +1,43 @@
-"""Kvasir's inference engine: paged KV cache, prefix caching, continuous batching. No Qt in here."""
+"""Kvasir's inference engine: paged KV cache, prefix caching, continuous batching. No Qt in here.
 
-from .async_engine import AsyncEngine
-from .config import EngineConfig
-from .engine import Engine
-from .errors import EngineDeadError, EngineError, ModelLoadError, UnsupportedModelError
-from .metrics import EngineStats, RequestMetrics
-from .outputs import RequestOutput
+This module is the engine's only door: the app and the checks import from ``engine`` itself.
+
+- ``serving/``: the engine, its thread, the scheduler, the block manager, requests and metrics
+- ``step/``: one forward pass (runner, paged attention), sampling, detokenising, quantised layers
+- ``models/``: model files (sources, GGUF, weight checks, loading, the library, the fit estimate)
+- ``tools/``: the command line, the benchmark, the quantisation evaluation
+"""
+
+from .config import DTYPES, QUANTIZATIONS, EngineConfig
+from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, UnsupportedModelError
+from .models.fit import FitEstimate
+from .models.fit import estimate as estimate_fit
+from .models.library import LibraryEntry, ModelLibrary, data_dir
 from .sampling import SamplingParams
+from .serving.async_engine import AsyncEngine
+from .serving.engine import Engine
+from .serving.metrics import EngineStats, RequestMetrics, RequestSnapshot
+from .serving.outputs import RequestOutput
 
 __all__ = [
+    "DTYPES",
+    "QUANTIZATIONS",
     "AsyncEngine",
     "Engine",
     "EngineConfig",
     "EngineDeadError",
     "EngineError",
     "EngineStats",
+    "FitEstimate",
+    "LibraryEntry",
+    "LibraryError",
+    "ModelLibrary",
     "ModelLoadError",
     "RequestMetrics",
     "RequestOutput",
+    "RequestSnapshot",
     "SamplingParams",
     "UnsupportedModelError",
+    "data_dir",
+    "estimate_fit",
 ]

@@ -34,7 +34,7 @@ def cuda_kernel_problem(device: torch.device) -> str | None:
     except Exception as exc:
         return f"a CUDA kernel failed on this GPU ({exc.__class__.__name__})"
     try:
-        from .quantization import import_bitsandbytes
+        from .step.quantization import import_bitsandbytes
 
         functional = import_bitsandbytes().functional
         packed, state = functional.quantize_4bit(torch.ones(64, 64, device=device, dtype=torch.bfloat16))

@@ -64,7 +64,7 @@ def tokenizer_dir(tmp_path_factory):
     """The default model's tokenizer, saved once in Hugging Face format for the tiny models to share."""
     from transformers import AutoTokenizer
 
-    from engine.sources import default_model_path
+    from engine.models.sources import default_model_path
 
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

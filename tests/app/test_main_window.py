@@ -90,7 +90,7 @@ def test_panel_shows_the_engine_stats(window):
 
 
 def test_panel_colours_the_pool_by_conversation_and_lists_requests(window):
-    from engine.metrics import RequestSnapshot
+    from engine.serving.metrics import RequestSnapshot
 
     requests = (
         RequestSnapshot("r1", True, 40, 32, 7, 0.002, 21.5, 5, 3),

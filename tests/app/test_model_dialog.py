@@ -1,7 +1,7 @@
 """The model manager dialog over the library, and the model picker in the top bar."""
 
 from app.model_dialog import LibraryTableModel, ModelDialog
-from engine.library import ModelLibrary
+from engine.models.library import ModelLibrary
 
 
 def test_library_table_model_passes_the_model_tester(qtmodeltester, tmp_path, monkeypatch, tiny_llama):

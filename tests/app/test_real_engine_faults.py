@@ -58,7 +58,7 @@ def fail_once(monkeypatch, cls, name, on_call: int, error: BaseException) -> lis
 
 def test_a_fault_in_the_forward_pass_ends_that_reply_only(qtbot, qloop, real_window, store, tiny_llama,
                                                           monkeypatch):
-    from engine.runner import ModelRunner
+    from engine.step.runner import ModelRunner
 
     load(qtbot, real_window, tiny_llama)
     deltas = []
@@ -82,7 +82,7 @@ class EngineThreadKilled(BaseException):
 
 def test_a_dead_engine_thread_shows_the_bar_and_restart_brings_it_back(qtbot, qloop, real_window, store, tiny_llama,
                                                                       monkeypatch):
-    from engine.engine import Engine
+    from engine.serving.engine import Engine
 
     load(qtbot, real_window, tiny_llama)
     fail_once(monkeypatch, Engine, "step", on_call=2, error=EngineThreadKilled("device lost"))

@@ -21,7 +21,7 @@ from app.startup_checks import (
     open_user_files,
 )
 from app.store import SCHEMA_VERSION, Store
-from engine.library import ModelLibrary
+from engine.models.library import ModelLibrary
 
 
 def truncated_database(path):

@@ -4,8 +4,8 @@ import types
 
 import torch
 
-from engine.attention import SequenceSlice, build_metadata, paged_attention
-from engine.kv_cache import KVCache, KVShape
+from engine.serving.kv_cache import KVCache, KVShape
+from engine.step.attention import SequenceSlice, build_metadata, paged_attention
 
 HEADS, KV_HEADS, DIM, BS = 4, 2, 8, 4
 

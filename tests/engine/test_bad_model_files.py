@@ -37,7 +37,7 @@ def attempt_all(cases_file: str) -> None:
     import resource
 
     from engine import Engine, EngineConfig  # the imports the attempts use belong to the baseline
-    from engine.loader import load_model  # noqa: F401
+    from engine.models.loader import load_model  # noqa: F401
 
     _limit_address_space(resource)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -1,7 +1,7 @@
 """The benchmark harness runs both sides on the same prompts and reports consistent figures."""
 
 from engine import EngineConfig
-from engine.bench import markdown_table, run_quick
+from engine.tools.bench import markdown_table, run_quick
 
 
 def test_quick_bench_on_a_tiny_model(tiny_llama):

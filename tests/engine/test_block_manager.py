@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from engine.block_manager import ROOT_HASH, BlockManager, chain_hash
+from engine.serving.block_manager import ROOT_HASH, BlockManager, chain_hash
 
 BS = 4
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.block_manager import BlockManager
+from engine.serving.block_manager import BlockManager
 from tests.helpers.paged_kv import FakeKV, check_pool, hash_chain
 
 TOKENS = st.integers(0, 2)  # a tiny vocabulary, so blocks collide often

@@ -3,7 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.step.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello world, how are you?  Two spaces, then\nnew lines\n\n  and indents.",

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, EngineError, SamplingParams
-from engine.block_manager import BlockManager
-from engine.runner import ModelRunner
+from engine.serving.block_manager import BlockManager
+from engine.step.runner import ModelRunner
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 PROMPTS = ["the first chat", "a second one, a bit longer than the first", "third"]
@@ -109,7 +109,7 @@ def test_a_kv_allocation_fault_fails_only_its_request(engine, clean, monkeypatch
 
 
 def test_a_detokenizer_fault_fails_only_its_request(engine, clean, monkeypatch):
-    from engine.detokenizer import IncrementalDetokenizer
+    from engine.step.detokenizer import IncrementalDetokenizer
 
     original = IncrementalDetokenizer.add
     victim = engine.encode_prompt(PROMPTS[0])[-3:]
@@ -128,7 +128,7 @@ def test_a_detokenizer_fault_fails_only_its_request(engine, clean, monkeypatch):
 
 
 def test_a_scheduler_fault_ends_live_requests_and_the_engine_starts_afresh(engine, clean, monkeypatch):
-    from engine.scheduler import Scheduler
+    from engine.serving.scheduler import Scheduler
 
     fail_when(monkeypatch, Scheduler, "schedule", lambda: True, RuntimeError("scheduler bug"))
     ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
@@ -141,7 +141,7 @@ def test_a_scheduler_fault_ends_live_requests_and_the_engine_starts_afresh(engin
 
 def test_a_request_that_fails_to_build_leaves_nothing_behind(engine, clean, monkeypatch):
     """The original hang: the detokenizer raised after the sequence was registered, leaving a phantom."""
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
 
     def broken(*args, **kwargs):
         raise TypeError("injected")
@@ -156,7 +156,7 @@ def test_a_request_that_fails_to_build_leaves_nothing_behind(engine, clean, monk
 
 
 def test_a_failed_load_during_a_switch_brings_the_previous_model_back(engine, clean, monkeypatch, tiny_model_dirs):
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
 
     def failing_load(config, *args, **kwargs):
         raise RuntimeError("disk read error while loading")
@@ -173,7 +173,7 @@ def test_a_failed_load_during_a_switch_brings_the_previous_model_back(engine, cl
 
 
 def test_when_the_previous_model_cannot_come_back_the_engine_says_so(tiny_model_dirs, monkeypatch):
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
 
     engine = Engine(EngineConfig(model=str(tiny_model_dirs["phi3"]), num_kv_blocks=32, max_model_len=256))
     monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: (_ for _ in ()).throw(OSError("gone")))

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import gguf_cache
-from engine.sources import ModelSource
+from engine.models import gguf_cache
+from engine.models.sources import ModelSource
 
 KIB = 1024
 
@@ -62,7 +62,7 @@ def test_store_then_lookup_finds_the_copy_and_marks_it_used(cache, tmp_path):
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"), RuntimeError("safetensors failed")])
 def test_a_failed_write_leaves_nothing_and_does_not_raise(cache, tmp_path, error, caplog):
     source = _source(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="engine.gguf_cache"):
+    with caplog.at_level(logging.WARNING, logger="engine.models.gguf_cache"):
         assert gguf_cache.store(source, FakeModel(error=error), FakeTokenizer()) is None
     assert list(cache.iterdir()) == []  # no staging folder, no half copy
     assert gguf_cache.lookup(source) is None
@@ -84,7 +84,7 @@ def test_stale_staging_folders_are_removed_on_the_next_store(cache, tmp_path):
 def test_no_copy_when_it_would_leave_less_than_a_gib_free(cache, tmp_path, monkeypatch, caplog):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(gguf_cache.shutil, "disk_usage", lambda path: usage(10**12, 0, 1024**3 + 32 * KIB))
-    with caplog.at_level(logging.INFO, logger="engine.gguf_cache"):
+    with caplog.at_level(logging.INFO, logger="engine.models.gguf_cache"):
         assert gguf_cache.store(_source(tmp_path), FakeModel(64 * KIB), FakeTokenizer()) is None
     assert "bytes are free on the disk" in caplog.text
     assert [p for p in cache.iterdir()] == []

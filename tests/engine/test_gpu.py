@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.attention import flash_attn_available
+from engine.step.attention import flash_attn_available
 from tests.helpers.oracle import load_reference
 
 pytestmark = pytest.mark.gpu

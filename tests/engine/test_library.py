@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, ModelLoadError
-from engine.__main__ import main
-from engine.evaluation import evaluate, perplexity
-from engine.library import ModelLibrary
+from engine.models.library import ModelLibrary
+from engine.tools.cli import main
+from engine.tools.evaluation import evaluate, perplexity
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ import pytest
 from transformers import AutoConfig
 
 from engine import Engine, EngineConfig, ModelLoadError, UnsupportedModelError
-from engine.loader import check_supported
-from engine.sources import default_model_path, resolve_source
+from engine.models.loader import check_supported
+from engine.models.sources import default_model_path, resolve_source
 from tests.helpers.tiny_models import write_tiny_model
 
 

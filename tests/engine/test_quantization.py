@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.fit import estimate
-from engine.quantization import import_bitsandbytes
+from engine.models.fit import estimate
+from engine.step.quantization import import_bitsandbytes
 from tests.helpers.oracle import reference_greedy
 
 bnb = import_bitsandbytes()

@@ -3,8 +3,8 @@
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from engine.sampler import Sampler, SamplingRow, _apply_repetition_penalty, _filtered_probs
 from engine.sampling import SamplingParams
+from engine.step.sampler import Sampler, SamplingRow, _apply_repetition_penalty, _filtered_probs
 
 
 def rows(*params, history=(1, 2, 3)):

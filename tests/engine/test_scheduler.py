@@ -1,9 +1,9 @@
 """The scheduler by itself: token budget, chunked prefill, FCFS admission, preemption by recompute."""
 
-from engine.block_manager import BlockManager
 from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, Status
+from engine.serving.block_manager import BlockManager
+from engine.serving.scheduler import Scheduler
+from engine.serving.sequence import Sequence, Status
 
 BS = 4
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, Phase, event, find, given, settings, target
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
 from engine.sampling import SamplingParams
-from engine.scheduler import Chunk, Scheduler, SchedulerOutput
-from engine.sequence import Sequence, Status
+from engine.serving.block_manager import BlockManager
+from engine.serving.scheduler import Chunk, Scheduler, SchedulerOutput
+from engine.serving.sequence import Sequence, Status
 from tests.helpers.paged_kv import FakeKV, check_pool
 
 VOCAB = 4  # prompt tokens; small, so prompts share prefixes

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from engine import Engine, EngineConfig, ModelLoadError, SamplingParams
-from engine.sources import resolve_source
+from engine.models.sources import resolve_source
 from tests.helpers.tiny_gguf import write_tiny_llama_gguf
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -120,7 +120,7 @@ def test_gguf_is_converted_once_then_loaded_from_the_copy(tiny_gguf, tmp_path, m
 
 
 def test_a_hub_like_name_that_is_not_a_repo_id_is_refused_in_words(tmp_path, monkeypatch):
-    from engine.sources import hub_snapshot
+    from engine.models.sources import hub_snapshot
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ModelLoadError, match=r"no model at 'a/\.\.'"):

@@ -5,8 +5,8 @@ import gc
 import pytest
 
 from engine import AsyncEngine, Engine, EngineConfig, ModelLoadError, SamplingParams
-from engine.engine import SWITCHED_MESSAGE
-from engine.memory import resident_bytes, return_freed_memory
+from engine.models.memory import resident_bytes, return_freed_memory
+from engine.serving.engine import SWITCHED_MESSAGE
 from tests.helpers.tiny_models import write_tiny_model
 
 LONG = SamplingParams(max_tokens=200, ignore_eos=True)
@@ -71,7 +71,7 @@ def test_bad_file_is_refused_and_the_old_model_keeps_serving(tiny_model_dirs, tm
 
 def test_configuration_that_does_not_fit_is_refused_with_the_estimate(tiny_model_dirs, monkeypatch):
     engine = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
-    import engine.fit as fit
+    import engine.models.fit as fit
 
     monkeypatch.setattr(fit, "available_memory", lambda device: 1024)
     with pytest.raises(ModelLoadError, match="does not fit in memory: .*weights .* GiB"):
@@ -82,7 +82,7 @@ def test_configuration_that_does_not_fit_is_refused_with_the_estimate(tiny_model
 
 def test_late_load_failure_reloads_the_previous_model(tiny_model_dirs, monkeypatch):
     engine = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
 
     real_load = engine_module.load_model
 

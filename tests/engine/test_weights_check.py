@@ -8,10 +8,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import ModelLoadError, UnsupportedModelError
-from engine.gguf_info import read_gguf_info
-from engine.model_info import read_model_info
-from engine.sources import ModelSource
-from engine.weights_check import check_architecture_known, check_gguf_matches_metadata, check_weights_match_config
+from engine.models.gguf_info import read_gguf_info
+from engine.models.model_info import read_model_info
+from engine.models.sources import ModelSource
+from engine.models.weights_check import (
+    check_architecture_known,
+    check_gguf_matches_metadata,
+    check_weights_match_config,
+)
 from tests.helpers.tiny_gguf import write_raw_gguf
 from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
 

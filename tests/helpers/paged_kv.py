@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine.block_manager import ROOT_HASH, BlockManager, chain_hash
+from engine.serving.block_manager import ROOT_HASH, BlockManager, chain_hash
 
 UNWRITTEN = None
 

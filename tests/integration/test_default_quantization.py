@@ -3,7 +3,7 @@
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.fit import estimate
+from engine.models.fit import estimate
 
 pytestmark = pytest.mark.slow
 MODES = ("none", "int8", "nf4", "fp4")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .errors import LibraryError, ModelLoadError
+from ..errors import LibraryError, ModelLoadError
 from .model_info import ModelInfo, read_model_info
 from .sources import resolve_source
 

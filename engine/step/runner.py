@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..serving.kv_cache import KVCache
+from ..serving.scheduler import Chunk
 from .attention import SequenceSlice, build_metadata
-from .kv_cache import KVCache
 from .sampler import Sampler, SamplingRow
-from .scheduler import Chunk
 
 
 class ModelRunner:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_info import read_gguf_info
 from .weights_check import SINGLE_NAME, check_gguf_matches_metadata, check_weights_match_config, weight_files
 

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from .errors import ModelLoadError, UnsupportedModelError
+from ..errors import ModelLoadError, UnsupportedModelError
 from .gguf_info import GGUFInfo
 
 INDEX_NAME = "model.safetensors.index.json"

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from .config import EngineConfig
+from ..config import EngineConfig
+from ..errors import EngineDeadError
+from ..sampling import SamplingParams
 from .engine import Engine, Prompt, describe_failure
-from .errors import EngineDeadError
 from .metrics import EngineStats
 from .outputs import RequestOutput
-from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.05
@@ -275,13 +275,16 @@ class AsyncEngine:
                 self._streams.pop(request_id, None)
 
     def _die(self, reason: str) -> None:
-        """The thread can't go on: end every stream and pending call now, then tell the owner."""
-        self._end_streams(reason)
+        """The thread can't go on: tell the owner, then end every stream and pending call now (in that order,
+        so whoever sees a stream end can already see why)."""
+        with self._lock:
+            self.failure = reason
         if self._on_failure is not None:
             try:
                 self._on_failure(reason)
             except Exception:
                 log.exception("the engine's failure callback raised")
+        self._end_streams(reason)
 
     def _end_streams(self, reason: str) -> None:
         """Mark the engine stopped and end every open stream and queued call with :class:`EngineDeadError`."""

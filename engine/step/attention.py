@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from .kv_cache import KVCache
+from ..serving.kv_cache import KVCache
 
 ATTENTION_NAME = "kvasir_paged"
 

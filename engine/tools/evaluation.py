@@ -10,10 +10,10 @@ from importlib import resources
 
 import torch
 
+from ..config import EngineConfig
+from ..sampling import SamplingParams
+from ..serving.engine import Engine
 from .bench import plain_attention
-from .config import EngineConfig
-from .engine import Engine
-from .sampling import SamplingParams
 
 MODES = ("none", "int8", "nf4", "fp4")
 WINDOW, STRIDE = 512, 256

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .config import EngineConfig
-from .engine import Engine
-from .sampling import SamplingParams
+from ..config import EngineConfig
+from ..sampling import SamplingParams
+from ..serving.engine import Engine
 
 SINGLE_ROUNDS = 3
 TOPICS = [

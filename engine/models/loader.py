@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
+from ..config import EngineConfig
+from ..devices import resolve_dtype, resolve_quantization
+from ..errors import ModelLoadError, UnsupportedModelError
+from ..step.quantization import module_bytes, quantize_model
 from . import gguf_cache
-from .config import EngineConfig
-from .devices import resolve_dtype, resolve_quantization
-from .errors import ModelLoadError, UnsupportedModelError
 from .memory import PeakMemory, return_freed_memory
-from .quantization import module_bytes, quantize_model
 from .sources import ModelSource, resolve_source
 from .weights_check import check_architecture_known
 

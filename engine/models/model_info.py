@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_info import read_gguf_info
 from .sources import ModelSource
 from .weights_check import model_config, safetensors_shapes, weight_files

@@ -10,20 +10,20 @@ from collections.abc import Iterable
 
 import torch
 
-from . import attention
+from ..config import EngineConfig
+from ..devices import available_memory, resolve_device
+from ..errors import EngineError, ModelLoadError
+from ..models.fit import FitEstimate, estimate
+from ..models.loader import LoadedModel, Progress, load_model
+from ..models.memory import return_freed_memory
+from ..sampling import SamplingParams
+from ..step import attention
+from ..step.detokenizer import IncrementalDetokenizer
+from ..step.runner import ModelRunner
 from .block_manager import BlockManager
-from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
-from .devices import available_memory, resolve_device
-from .errors import EngineError, ModelLoadError
-from .fit import FitEstimate, estimate
 from .kv_cache import KVCache, KVShape, blocks_for_memory
-from .loader import LoadedModel, Progress, load_model
-from .memory import return_freed_memory
 from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
-from .runner import ModelRunner
-from .sampling import SamplingParams
 from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
 
@@ -135,7 +135,7 @@ class Engine:
         A configuration that is refused up front (bad file, does not fit) leaves the current model serving
         untouched; a load that fails later reloads the previous model. Either way the error is raised.
         """
-        from .sources import resolve_source
+        from ..models.sources import resolve_source
 
         resolve_source(config.model)
         fit = estimate(config, reclaimable_bytes=self._held_bytes())

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .config import EngineConfig
-from .devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
+from ..config import EngineConfig
+from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from .model_info import ModelInfo, read_model_info
 from .sources import resolve_source
 

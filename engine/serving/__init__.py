@@ -1,0 +1,2 @@
+"""The serving core: requests in, streamed outputs out. The engine and its thread, the scheduler, the block
+manager of the paged KV cache, per-request state and metrics."""

@@ -1,0 +1,2 @@
+"""The model step: one forward pass over a packed batch (runner, paged attention), sampling, detokenising, and
+the quantised layers the weights run through."""

@@ -1,0 +1,1 @@
+"""Tools built on the public API: the command line, the benchmark and the quantisation evaluation."""

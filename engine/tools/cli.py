@@ -1,0 +1,227 @@
+"""Command line: ``python -m engine generate | chat | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..config import QUANTIZATIONS, EngineConfig
+from ..errors import EngineError
+from ..sampling import SamplingParams
+
+
+def engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default",
+                        help="'default', a library name, a .gguf file, a model folder or a Hub repo id")
+    parser.add_argument("--quant", default="auto", choices=QUANTIZATIONS,
+                        help="auto: nf4 on CUDA, none on the CPU")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--kv-blocks", type=int, default=None, help="size of the KV pool in blocks")
+
+
+def sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--system", default=None, help="a system prompt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Kvasir's inference engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="stream one reply to stdout")
+    engine_args(generate)
+    sampling_args(generate)
+    generate.add_argument("--json", action="store_true", help="end with a JSON line of metrics")
+    generate.add_argument("prompt")
+    chat = commands.add_parser("chat", help="a terminal chat that keeps the conversation")
+    engine_args(chat)
+    sampling_args(chat)
+    bench = commands.add_parser("bench", help="throughput against transformers on the same model")
+    engine_args(bench)
+    bench.add_argument("--quick", action="store_true", help="16 chats x 128 tokens and 1 chat x 128 tokens")
+    bench.add_argument("--concurrent", type=int, default=16)
+    bench.add_argument("--tokens", type=int, default=128)
+    bench.add_argument("--json", action="store_true")
+    models = commands.add_parser("models", help="the model library")
+    actions = models.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="the models in the library")
+    add = actions.add_parser("add", help="add a .gguf file, a model folder or a Hub repo id (downloaded)")
+    add.add_argument("spec")
+    remove = actions.add_parser("remove", help="forget a model (its files stay)")
+    remove.add_argument("name")
+    info = actions.add_parser("info", help="what a model is, and how it fits in each quantisation")
+    info.add_argument("name")
+    fit = actions.add_parser("fit", help="memory needed and context that fits, before loading")
+    fit.add_argument("name")
+    fit.add_argument("--quant", default="auto", choices=QUANTIZATIONS)
+    fit.add_argument("--device", default="auto")
+    fit.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    fit.add_argument("--json", action="store_true")
+    evaluate = commands.add_parser("eval-quant", help="perplexity, memory and speed of each quantisation")
+    evaluate.add_argument("--model", default="default")
+    evaluate.add_argument("--device", default="auto")
+    evaluate.add_argument("--modes", default="none,int8,nf4,fp4")
+    evaluate.add_argument("--json", action="store_true")
+    return parser
+
+
+def model_spec(name_or_spec: str) -> str:
+    """A library name becomes the setting that loads it; anything else is passed through."""
+    from ..models.library import ModelLibrary
+
+    for entry in ModelLibrary().entries():
+        if entry.name == name_or_spec:
+            return entry.spec
+    return name_or_spec
+
+
+def config_from(args) -> EngineConfig:
+    return EngineConfig(
+        model=model_spec(args.model),
+        quantization=args.quant,
+        dtype=args.dtype,
+        device=args.device,
+        num_kv_blocks=args.kv_blocks,
+    )
+
+
+def params_from(args) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+
+
+def messages_with_system(args, messages: list[dict]) -> list[dict]:
+    return ([{"role": "system", "content": args.system}] if args.system else []) + messages
+
+
+def stream_reply(engine, prompt, params):
+    """Print a reply as it streams; returns the final output."""
+    engine.add_request(prompt, params)
+    final = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            print(out.delta_text, end="", flush=True)
+            final = out
+    print()
+    return final
+
+
+def metrics_line(out) -> dict:
+    m = out.metrics
+    return {
+        "finish_reason": out.finish_reason, "error": out.error, "ttft_s": m.ttft_s, "queue_time_s": m.queue_time_s,
+        "prompt_tokens": m.prompt_tokens, "cached_prompt_tokens": m.cached_prompt_tokens,
+        "output_tokens": m.output_tokens, "decode_tokens_per_s": m.decode_tokens_per_s,
+    }
+
+
+def cmd_generate(args) -> int:
+    from ..serving.engine import Engine
+
+    engine = Engine(config_from(args))
+    messages = messages_with_system(args, [{"role": "user", "content": args.prompt}])
+    out = stream_reply(engine, messages, params_from(args))
+    if args.json:
+        print(json.dumps(metrics_line(out)))
+    if out.error:
+        print(f"error: {out.error}", file=sys.stderr)
+    return 0 if out.finish_reason != "error" else 1
+
+
+def cmd_chat(args) -> int:
+    from ..serving.engine import Engine
+
+    print("loading the model...", file=sys.stderr)
+    engine = Engine(config_from(args))
+    stats = engine.stats()
+    print(f"{stats.model_name} on {stats.device} ({stats.device_reason}). Empty line or Ctrl+D to quit.")
+    history: list[dict] = []
+    while True:
+        try:
+            text = input("\nyou> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not text:
+            return 0
+        history.append({"role": "user", "content": text})
+        print("kvasir> ", end="", flush=True)
+        out = stream_reply(engine, messages_with_system(args, history), params_from(args))
+        if out.finish_reason == "error":
+            print(f"[error: {out.error}]")
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": out.text})
+        m = out.metrics
+        rate = f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "-"
+        print(f"[TTFT {m.ttft_s * 1000:.0f} ms | {m.output_tokens} tokens | {rate} | "
+              f"{m.cached_prompt_tokens}/{m.prompt_tokens} prompt tokens from cache]")
+
+
+def cmd_bench(args) -> int:
+    from .bench import print_report, run_quick
+
+    report = run_quick(config_from(args), concurrent=args.concurrent, new_tokens=args.tokens)
+    print_report(report, args.json)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from ..models.library import ModelLibrary
+
+    library = ModelLibrary()
+    if args.action == "list":
+        print(f"{'name':32} {'architecture':12} {'parameters':>11} {'context':>8} {'on disk':>9}  source")
+        for e in library.entries():
+            i = e.info
+            print(f"{e.name:32} {i.architecture:12} {i.parameter_count / 1e6:10.1f}M {i.context_length:8,} "
+                  f"{i.size_on_disk / 1024**2:7.0f}MB  {e.spec}")
+    elif args.action == "add":
+        entry = library.add(args.spec)
+        print(f"added {entry.name} ({entry.info.architecture}, {entry.info.parameter_count / 1e6:.1f}M parameters)")
+    elif args.action == "remove":
+        print(f"removed {library.remove(args.name).name} (its files were left where they are)")
+    elif args.action == "info":
+        entry = library.get(args.name)
+        for key, value in entry.info.to_dict().items():
+            print(f"{key:24} {value}")
+        for mode in ("none", "int8", "nf4", "fp4"):
+            print(f"fit {mode:20} {estimate_for(entry.spec, mode, 'auto', 'auto').summary()}")
+    elif args.action == "fit":
+        fit = estimate_for(library.get(args.name).spec, args.quant, args.device, args.dtype)
+        print(json.dumps(fit.to_dict()) if args.json else fit.summary())
+        return 0 if fit.fits else 1
+    return 0
+
+
+def estimate_for(spec: str, quant: str, device: str, dtype: str):
+    from ..models.fit import estimate
+
+    return estimate(EngineConfig(model=spec, quantization=quant, device=device, dtype=dtype))
+
+
+def cmd_eval_quant(args) -> int:
+    from .evaluation import evaluate, markdown_table, to_json
+
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    results = evaluate(model_spec(args.model), args.device, modes, progress=lambda m: print(m, file=sys.stderr))
+    from ..devices import resolve_device
+
+    print(markdown_table(results, args.model, str(resolve_device(args.device)[0])))
+    if args.json:
+        print(to_json(results))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "models": cmd_models,
+                "eval-quant": cmd_eval_quant}
+    try:
+        return commands[args.command](args)
+    except (EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
