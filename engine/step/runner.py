@@ -7,6 +7,7 @@ import torch
 from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
 from .attention import SequenceSlice, build_metadata
+from .lean_decoder import lean_decoder_for
 from .sampler import Sampler, SamplingRow
 
 
@@ -20,24 +21,30 @@ class ModelRunner:
         self.device = device
         self.backend = backend
         self.sampler = Sampler()
+        self.lean = lean_decoder_for(model)  # None: the architecture runs through transformers' modules
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> list[int]:
         """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
         input_ids, slices, sample_index = self._pack(chunks)
         meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
-        positions = meta.positions
-        logits = self.model(
-            input_ids=input_ids.to(self.device, non_blocking=True)[None],
-            position_ids=positions[None],
-            use_cache=False,
-            logits_to_keep=sample_index.to(self.device, non_blocking=True),
-            kvasir=meta,
-        ).logits[0]
+        input_ids = input_ids.to(self.device, non_blocking=True)
+        sample_index = sample_index.to(self.device, non_blocking=True)
+        logits = self.lean(input_ids, meta, sample_index) if self.lean else self._transformers_forward(
+            input_ids, meta, sample_index)
         rows = [
             SamplingRow(c.seq.params, c.seq.token_ids, c.seq.num_output_tokens) for c in chunks if c.samples
         ]
         return self.sampler(logits, rows) if rows else []
+
+    def _transformers_forward(self, input_ids, meta, sample_index) -> torch.Tensor:
+        return self.model(
+            input_ids=input_ids[None],
+            position_ids=meta.positions[None],
+            use_cache=False,
+            logits_to_keep=sample_index,
+            kvasir=meta,
+        ).logits[0]
 
     @staticmethod
     def _pack(chunks: list[Chunk]):
