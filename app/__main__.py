@@ -23,7 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--self-test", action="store_true",
                         help="start offscreen, send one message, print its metrics as JSON, exit")
     parser.add_argument("--model", default="default", help="model to start with (default: the bundled one)")
-    parser.add_argument("--quant", default="auto", help="auto, none, int8, nf4 or fp4 (checked by the engine)")
+    parser.add_argument("--quant", default="auto", help="quantisation mode (the engine lists and checks them)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", default=None, help="where chats are stored (default: the user data folder)")
     return parser.parse_args(argv)

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
+from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
 
 from .bridge import EngineBridge
 from .chat_controller import ChatController
@@ -72,7 +72,7 @@ class MainWindow(QMainWindow):
         self._fill_model_box()
         self.quant_box = QComboBox()
         self.quant_box.addItems(QUANTIZATIONS)
-        self.quant_box.setToolTip("Quantisation: auto is nf4 on a GPU, none on the CPU")
+        self.quant_box.setToolTip("Quantisation. " + AUTO_QUANTIZATION_RULE)
         self.progress = QProgressBar(maximumWidth=220, textVisible=True)
         self.progress.hide()
         self.device_label = QLabel("loading…")

@@ -8,7 +8,7 @@ This module is the engine's only door: the app and the checks import from ``engi
 - ``tools/``: the command line, the benchmark, the quantisation evaluation
 """
 
-from .config import DTYPES, QUANTIZATIONS, EngineConfig
+from .config import AUTO_QUANTIZATION_RULE, DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, UnsupportedModelError
 from .models.fit import FitEstimate
 from .models.fit import estimate as estimate_fit
@@ -20,6 +20,7 @@ from .serving.metrics import EngineStats, RequestMetrics, RequestSnapshot
 from .serving.outputs import RequestOutput
 
 __all__ = [
+    "AUTO_QUANTIZATION_RULE",
     "DTYPES",
     "QUANTIZATIONS",
     "AsyncEngine",
@@ -38,6 +39,7 @@ __all__ = [
     "RequestSnapshot",
     "SamplingParams",
     "UnsupportedModelError",
+    "WEIGHT_MODES",
     "data_dir",
     "estimate_fit",
 ]

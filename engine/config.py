@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUANTIZATIONS = ("auto", "none", "int8", "nf4", "fp4")
+# int8 / nf4 / fp4: bitsandbytes; int4 / w8: torch's packed weight-only kernels (engine/step/packed_linear.py)
+QUANTIZATIONS = ("auto", "none", "int4", "w8", "int8", "nf4", "fp4")
+WEIGHT_MODES = QUANTIZATIONS[1:]  # what ``auto`` chooses between
+AUTO_QUANTIZATION_RULE = "auto: nf4 on CUDA; on the CPU int4 or w8 for a 4- or 8-bit GGUF file, else none"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -13,7 +16,7 @@ class EngineConfig:
     """Everything that fixes how the engine loads a model and shares its KV cache."""
 
     model: str = "default"
-    quantization: str = "auto"  # nf4 on CUDA, none on the CPU
+    quantization: str = "auto"  # nf4 on CUDA; on the CPU int4 / w8 for GGUF files, else none
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16

@@ -51,11 +51,37 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     return getattr(torch, spec)
 
 
-def resolve_quantization(spec: str, device: torch.device) -> str:
-    """``auto``: nf4 on CUDA, none on the CPU."""
-    if spec == "auto":
-        return "nf4" if device.type == "cuda" else "none"
-    return spec
+def resolve_quantization(spec: str, device: torch.device, source=None) -> str:
+    """``auto``: nf4 on CUDA; on the CPU the packed mode that fits a GGUF file's weights, else none.
+
+    Measured on the default model (Q4_1) on a 2-core CPU, one chat decodes about 1.5 times as fast in
+    ``int4`` (the file's blocks, kept packed) as in ``none`` (float32), in under half the memory.
+    """
+    if spec != "auto":
+        return spec
+    if device.type == "cuda":
+        return "nf4"
+    if source is not None and source.kind == "gguf":
+        return _packed_mode_for_gguf(source)
+    return "none"
+
+
+def _packed_mode_for_gguf(source) -> str:
+    """int4 for linear weights of 4 bits or fewer, w8 for 5 to 8 bits, none for float weights."""
+    from collections import Counter
+
+    from gguf import GGMLQuantizationType
+
+    from .models.gguf_info import read_gguf_info
+
+    tensors = read_gguf_info(source.path).tensors
+    kinds = Counter(kind for name, (shape, kind) in tensors.items() if name.startswith("blk.") and len(shape) == 2)
+    if not kinds:
+        return "none"
+    name = GGMLQuantizationType(kinds.most_common(1)[0][0]).name
+    if name in ("F32", "F16", "BF16"):
+        return "none"
+    return "w8" if name.startswith(("Q5", "Q6", "Q8")) else "int4"
 
 
 def available_memory(device: torch.device) -> int:

@@ -8,12 +8,18 @@ import torch
 
 from ..config import EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
+from ..step.quantization import PACKED_MODES
+from .gguf_info import read_gguf_info
 from .model_info import ModelInfo, read_model_info
-from .sources import resolve_source
+from .sources import ModelSource, resolve_source
+from .weights_check import model_config
 
 # bitsandbytes 4-bit: two weights a byte; one 8-bit absmax per 64 weights, and (double quantisation)
 # one float32 per 256 absmax values.
 FOUR_BIT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
+# packed int4 (torch's kernel): two weights a byte, a bfloat16 scale and zero per group of 32
+INT4_BYTES_PER_WEIGHT = 0.5 + 4 / 32
+PACKED_SCALE_BYTES = 2  # bfloat16 scale per output row of an int8 layer
 MIN_CONTEXT_TOKENS = 256  # refuse a configuration that leaves less KV room than this
 MEMORY_SHARE = 0.9  # of the free memory that weights and KV cache may take together
 
@@ -50,16 +56,52 @@ class FitEstimate:
         return {**asdict(self), "fits": self.fits}
 
 
-def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype) -> int:
-    """Bytes the loaded weights take for ``quantization`` with compute ``dtype``."""
+@dataclass(frozen=True, slots=True)
+class OutputHead:
+    """The output head's shape, and whether it shares the embedding's weight (then it is not in the files)."""
+
+    rows: int
+    cols: int
+    tied: bool
+
+
+def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: OutputHead | None = None) -> int:
+    """Bytes the loaded weights take for ``quantization`` with compute ``dtype``.
+
+    ``head``: needed for the packed modes, which give the output head an int8 copy of its own.
+    """
     element = torch.empty((), dtype=dtype).element_size()
     other = info.parameter_count - info.linear_parameter_count
     linear = info.linear_parameter_count
     if quantization == "none":
         return info.parameter_count * element
+    if quantization in PACKED_MODES:
+        return _packed_bytes(info, quantization, element, head or OutputHead(0, 0, True))
     if quantization == "int8":
         return other * element + linear + 4 * info.linear_rows
     return other * element + int(linear * FOUR_BIT_BYTES_PER_WEIGHT)
+
+
+def _packed_bytes(info: ModelInfo, quantization: str, element: int, head: OutputHead) -> int:
+    other = info.parameter_count - info.linear_parameter_count
+    if not head.tied:  # the head's float weight becomes the int8 copy
+        other -= head.rows * head.cols
+    if quantization == "int4":
+        linear = int(info.linear_parameter_count * INT4_BYTES_PER_WEIGHT)
+    else:
+        linear = info.linear_parameter_count + PACKED_SCALE_BYTES * info.linear_rows
+    return other * element + linear + head.rows * head.cols + PACKED_SCALE_BYTES * head.rows
+
+
+def output_head(source: ModelSource) -> OutputHead:
+    """The output head's shape from the file headers (it has the embedding's shape)."""
+    if source.kind == "gguf":
+        tensors = read_gguf_info(source.path).tensors
+        cols, rows = tensors.get("token_embd.weight", ((0, 0), 0))[0]  # GGUF lists dims innermost first
+        return OutputHead(rows, cols, "output.weight" not in tensors)
+    config = model_config(source.folder)
+    tied = bool(config.get("tie_word_embeddings", True))
+    return OutputHead(int(config.get("vocab_size", 0)), int(config.get("hidden_size", 0)), tied)
 
 
 def kv_bytes_per_token(info: ModelInfo, dtype: torch.dtype) -> int:
@@ -75,9 +117,10 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     source = resolve_source(config.model)
     info = read_model_info(source)
     device, _ = resolve_device(config.device)
-    quantization = resolve_quantization(config.quantization, device)
+    quantization = resolve_quantization(config.quantization, device, source)
     dtype = resolve_dtype(config.dtype, device)
-    weights = weight_bytes(info, quantization, dtype)
+    head = output_head(source) if quantization in PACKED_MODES else None
+    weights = weight_bytes(info, quantization, dtype, head)
     per_token = kv_bytes_per_token(info, dtype)
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)

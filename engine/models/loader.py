@@ -12,8 +12,9 @@ import torch
 from ..config import EngineConfig
 from ..devices import resolve_dtype, resolve_quantization
 from ..errors import ModelLoadError, UnsupportedModelError
-from ..step.quantization import module_bytes, quantize_model
+from ..step.quantization import PACKED_MODES, module_bytes, quantize_model
 from . import gguf_cache
+from .gguf_weights import load_packed_gguf
 from .memory import PeakMemory, return_freed_memory
 from .sources import ModelSource, resolve_source
 from .weights_check import check_architecture_known
@@ -61,22 +62,27 @@ def load_model(
     if source.kind == "hf":
         check_architecture_known(source.folder)  # transformers' own refusal comes later, as a page of text
     dtype = resolve_dtype(config.dtype, device)
-    quantization = resolve_quantization(config.quantization, device)
+    quantization = resolve_quantization(config.quantization, device, source)
+    from_blocks = source.kind == "gguf" and quantization in PACKED_MODES  # packed straight from the file
     converted = gguf_cache.lookup(source)
     files = ModelSource(source.name, converted, origin=source.origin) if converted else source
     report(0.05, "reading the tokenizer")
-    tokenizer, warnings = load_tokenizer(files)
+    tokenizer, warnings = load_tokenizer(files)  # a converted copy's tokenizer reads faster, even for from_blocks
+    if from_blocks:
+        files = source
     report(0.15, "reading the weights" if converted or source.kind == "hf" else "converting the GGUF file (once)")
     with PeakMemory(device) as reading:
-        model = _load_weights(files, dtype, attn_implementation)
+        packed_mode = quantization if from_blocks else None
+        model, load_warnings = _load_weights(files, dtype, attn_implementation, packed_mode, device)
+        warnings += load_warnings
         max_model_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
         check_supported(model.config, max_model_len)
-    if files.kind == "gguf" and dtype == torch.float32 and not warnings:
+    if files.kind == "gguf" and dtype == torch.float32 and not warnings and not from_blocks:
         report(0.55, "keeping a converted copy for faster loads")
         gguf_cache.store(source, model, tokenizer)  # not part of loading's peak: it happens once per file
         return_freed_memory()
     with PeakMemory(device) as placing:
-        if quantization != "none":
+        if quantization != "none" and not from_blocks:
             phrase = f"quantising to {quantization}"
             report(0.6, phrase)
             quantize_model(model, quantization, dtype, device, lambda f: report(0.6 + 0.35 * f, phrase))
@@ -135,7 +141,18 @@ def check_supported(hf_config, max_model_len: int) -> None:
         )
 
 
-def _load_weights(source: ModelSource, dtype: torch.dtype, attn: str) -> torch.nn.Module:
+def _load_weights(
+    source: ModelSource, dtype: torch.dtype, attn: str, packed_mode: str | None, device: torch.device
+) -> tuple[torch.nn.Module, list[str]]:
+    """The model from ``source`` and warnings: through transformers, or (``packed_mode``) from the GGUF blocks."""
+    if packed_mode:
+        try:
+            loaded = load_packed_gguf(source, packed_mode, dtype, attn, device)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"could not load the weights of {source.name}: {exc}") from exc
+        return loaded.model.eval(), loaded.warnings()
     from transformers import AutoModelForCausalLM
 
     try:
@@ -149,7 +166,7 @@ def _load_weights(source: ModelSource, dtype: torch.dtype, attn: str) -> torch.n
         )
     except Exception as exc:
         raise ModelLoadError(f"could not load the weights of {source.name}: {exc}") from exc
-    return model.eval()
+    return model.eval(), []
 
 
 def _eos_token_ids(model, tokenizer) -> frozenset[int]:

@@ -1,7 +1,10 @@
-"""Weight quantisation with bitsandbytes, applied after loading by swapping linear layers one at a time.
+"""Weight quantisation applied after loading, by swapping linear layers one at a time.
 
-Embeddings, the output head and norms stay in the compute dtype. Each full-precision weight is freed as
-soon as its quantised replacement exists, so loading never holds two full-precision copies.
+Two families: bitsandbytes (``int8``, ``nf4``, ``fp4``; embeddings and the output head stay in the compute
+dtype) and torch's packed weight-only kernels (``int4``, ``w8``; see :mod:`.packed_linear`), where the output
+head is packed to int8 too: on the CPU it is the largest single matrix a decode step reads. Each
+full-precision weight is freed as soon as its quantised replacement exists, so loading never holds two
+full-precision copies.
 """
 
 from __future__ import annotations
@@ -13,10 +16,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .packed_linear import Int4Linear, Int8Linear, can_pack_int4
+
 log = logging.getLogger(__name__)
 
 INT8_OUTLIER_THRESHOLD = 6.0  # LLM.int8(): activations above this go through a float16 side path
-BITS_PER_WEIGHT = {"none": None, "int8": 8, "nf4": 4, "fp4": 4}
+BITS_PER_WEIGHT = {"none": None, "int8": 8, "nf4": 4, "fp4": 4, "int4": 4, "w8": 8}
+PACKED_MODES = ("int4", "w8")  # torch's packed kernels rather than bitsandbytes
+INT4_GROUP_SIZE = 32  # quantising float weights at load: the same groups as GGUF's Q4 blocks
 
 
 def import_bitsandbytes():
@@ -53,6 +60,8 @@ def quantize_model(
     """
     if mode == "none":
         return 0
+    if mode in PACKED_MODES:
+        return pack_model(model, mode, device, progress)
     bnb = import_bitsandbytes()
     layers = quantizable_linears(model)
     for i, (parent, name, linear) in enumerate(layers):
@@ -61,6 +70,39 @@ def quantize_model(
         if progress:
             progress((i + 1) / len(layers))
     return len(layers)
+
+
+def pack_model(
+    model: nn.Module, mode: str, device: torch.device, progress: Callable[[float], None] | None = None
+) -> int:
+    """Replace the linear layers of ``model`` by packed ``mode`` layers on ``device``, the head included.
+
+    Packing happens on ``device`` because the CPU and CUDA kernels lay the codes out differently.
+    """
+    layers = quantizable_linears(model)
+    for i, (parent, name, linear) in enumerate(layers):
+        setattr(parent, name, _packed(linear.to(device), mode))
+        linear.weight = None  # free the float weight now, not when the loop ends
+        if progress:
+            progress((i + 1) / len(layers))
+    pack_output_head(model, mode)
+    return len(layers)
+
+
+def pack_output_head(model: nn.Module, mode: str) -> None:
+    """The output head as an int8 layer (per-row scales), also when it is tied to the embeddings.
+
+    A tied head gets its own int8 copy: the embedding keeps the compute dtype, since a lookup reads one row.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is nn.Linear:
+        model.set_output_embeddings(Int8Linear.from_float(head))
+
+
+def _packed(linear: nn.Linear, mode: str) -> nn.Module:
+    if mode == "int4" and can_pack_int4(linear.in_features, linear.out_features, INT4_GROUP_SIZE):
+        return Int4Linear.from_float(linear, INT4_GROUP_SIZE)
+    return Int8Linear.from_float(linear)  # w8, or shapes the int4 kernel does not take
 
 
 def _quantized(bnb, linear: nn.Linear, mode: str, compute_dtype: torch.dtype, device: torch.device) -> nn.Module:

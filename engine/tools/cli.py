@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..config import QUANTIZATIONS, EngineConfig
+from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
 from ..sampling import SamplingParams
 
@@ -15,7 +15,7 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default",
                         help="'default', a library name, a .gguf file, a model folder or a Hub repo id")
     parser.add_argument("--quant", default="auto", choices=QUANTIZATIONS,
-                        help="auto: nf4 on CUDA, none on the CPU")
+                        help=AUTO_QUANTIZATION_RULE)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--kv-blocks", type=int, default=None, help="size of the KV pool in blocks")
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval-quant", help="perplexity, memory and speed of each quantisation")
     evaluate.add_argument("--model", default="default")
     evaluate.add_argument("--device", default="auto")
-    evaluate.add_argument("--modes", default="none,int8,nf4,fp4")
+    evaluate.add_argument("--modes", default=",".join(WEIGHT_MODES))
     evaluate.add_argument("--json", action="store_true")
     return parser
 
@@ -188,7 +188,7 @@ def cmd_models(args) -> int:
         entry = library.get(args.name)
         for key, value in entry.info.to_dict().items():
             print(f"{key:24} {value}")
-        for mode in ("none", "int8", "nf4", "fp4"):
+        for mode in WEIGHT_MODES:
             print(f"fit {mode:20} {estimate_for(entry.spec, mode, 'auto', 'auto').summary()}")
     elif args.action == "fit":
         fit = estimate_for(library.get(args.name).spec, args.quant, args.device, args.dtype)

@@ -10,12 +10,12 @@ from importlib import resources
 
 import torch
 
-from ..config import EngineConfig
+from ..config import WEIGHT_MODES, EngineConfig
 from ..sampling import SamplingParams
 from ..serving.engine import Engine
 from .bench import plain_attention
 
-MODES = ("none", "int8", "nf4", "fp4")
+MODES = WEIGHT_MODES
 WINDOW, STRIDE = 512, 256
 DECODE_TOKENS = 64
 

@@ -1,15 +1,27 @@
-"""Each quantisation mode on the CPU: bitsandbytes layers, greedy parity with generate, memory that falls."""
+"""Each quantisation mode on the CPU: swapped layers, greedy parity with generate, memory that falls.
+
+Also the packed modes' GGUF path: a Q4 GGUF file loaded in ``int4`` keeps the file's weights (its blocks
+mapped, the q/k rows un-permuted as transformers does) and chats like the same file loaded in ``none``.
+"""
 
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import QUANTIZATIONS, Engine, EngineConfig, SamplingParams
+from engine.devices import resolve_quantization
 from engine.models.fit import estimate
-from engine.step.quantization import import_bitsandbytes
+from engine.models.sources import resolve_source
+from engine.step.packed_linear import Int4Linear, Int8Linear
+from engine.step.quantization import PACKED_MODES, import_bitsandbytes
 from tests.helpers.oracle import reference_greedy
+from tests.helpers.tiny_gguf import write_tiny_llama_gguf
 
 bnb = import_bitsandbytes()
-LAYER_TYPE = {"none": torch.nn.Linear, "int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit, "fp4": bnb.nn.Linear4bit}
+LAYER_TYPE = {
+    "none": torch.nn.Linear, "int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit, "fp4": bnb.nn.Linear4bit,
+    "int4": Int4Linear, "w8": Int8Linear,
+}
+QUANTISED = [mode for mode in LAYER_TYPE if mode != "none"]
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +35,23 @@ def test_linear_layers_are_swapped_and_the_rest_is_kept(engines, mode):
     model = engines[mode].loaded.model
     attn = model.model.layers[0].self_attn
     assert type(attn.q_proj) is LAYER_TYPE[mode] and type(model.model.layers[1].mlp.down_proj) is LAYER_TYPE[mode]
-    assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight.dtype == torch.float32
+    head_type = Int8Linear if mode in PACKED_MODES else torch.nn.Linear  # packed modes pack the head too
+    assert type(model.lm_head) is head_type
+    if mode in PACKED_MODES:
+        assert attn.q_proj.bias is not None and attn.q_proj.bias.dtype == torch.float32  # qwen2's q/k/v biases
+    else:
+        assert model.lm_head.weight.dtype == torch.float32
     assert model.model.embed_tokens.weight.dtype == torch.float32
     if mode == "nf4" or mode == "fp4":
         assert attn.q_proj.weight.quant_type == mode and attn.q_proj.weight.dtype == torch.uint8
     assert engines[mode].stats().quantization == mode
 
 
-@pytest.mark.parametrize("mode", ["int8", "nf4", "fp4"])
+def test_every_mode_is_in_the_one_list():
+    assert set(LAYER_TYPE) | {"auto"} == set(QUANTIZATIONS)
+
+
+@pytest.mark.parametrize("mode", QUANTISED)
 def test_greedy_parity_with_generate_on_the_same_quantised_modules(engines, mode):
     engine = engines[mode]
     prompts = [engine.encode_prompt([{"role": "user", "content": text}])
@@ -58,7 +79,7 @@ def test_quantised_output_differs_from_full_precision_but_stays_close(engines):
             model.set_attn_implementation("sdpa")
             logits[mode] = model(ids).logits[0, -1]
             model.set_attn_implementation(previous)
-    for mode in ("int8", "nf4", "fp4"):
+    for mode in QUANTISED:
         assert not torch.equal(logits[mode], logits["none"])
         cos = torch.nn.functional.cosine_similarity(logits[mode], logits["none"], dim=0)
         assert cos > 0.95
@@ -67,6 +88,7 @@ def test_quantised_output_differs_from_full_precision_but_stays_close(engines):
 def test_weight_memory_falls_nf4_below_int8_below_float32(engines, tiny_model_dirs):
     memory = {mode: engine.stats().model_memory_bytes for mode, engine in engines.items()}
     assert memory["nf4"] < memory["int8"] < memory["none"]
+    assert memory["int4"] < memory["w8"] < memory["none"]
     assert memory["nf4"] == memory["fp4"]
     folder = str(tiny_model_dirs["qwen2"])
     for mode, measured in memory.items():
@@ -77,3 +99,92 @@ def test_weight_memory_falls_nf4_below_int8_below_float32(engines, tiny_model_di
 def test_peak_load_memory_is_reported(engines):
     assert all(engine.stats().peak_load_bytes >= 0 for engine in engines.values())
     assert engines["none"].stats().peak_load_bytes > 0
+
+
+# -- GGUF files in the packed modes: blocks kept, nothing converted ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def q4_ggufs(tiny_llama, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("q4-gguf")
+    return {kind: write_tiny_llama_gguf(tiny_llama, folder / f"tiny-{kind}.gguf", linear_type=kind)
+            for kind in ("Q4_1", "Q4_0", "Q8_0")}
+
+
+@pytest.fixture(scope="module")
+def q4_1_engines(q4_ggufs):
+    path = str(q4_ggufs["Q4_1"])
+    return {mode: Engine(EngineConfig(model=path, quantization=mode, num_kv_blocks=64)) for mode in ("none", "int4")}
+
+
+def test_q4_gguf_in_int4_keeps_the_files_weights(q4_1_engines):
+    """The packed weights are the ones transformers dequantises, q/k rows un-permuted alike (to bfloat16 scales)."""
+    reference, packed = (q4_1_engines[mode].loaded.model for mode in ("none", "int4"))
+    for index in range(len(reference.model.layers)):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.down_proj"):
+            layer = packed.model.layers[index].get_submodule(name)
+            expected = reference.model.layers[index].get_submodule(name).weight.detach()
+            assert type(layer) is Int4Linear, name
+            scale = expected.abs().max()
+            torch.testing.assert_close(layer.dequantize().float(), expected, atol=0.02 * scale.item(), rtol=0)
+    assert type(packed.lm_head) is Int8Linear
+    assert torch.equal(packed.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+
+
+def test_q4_gguf_in_int4_chats_like_none(q4_1_engines):
+    prompt = q4_1_engines["none"].encode_prompt([{"role": "user", "content": "rivers and mountains"}])
+    logits = {}
+    for mode, engine in q4_1_engines.items():
+        model = engine.loaded.model
+        previous = model.config._attn_implementation
+        model.set_attn_implementation("sdpa")
+        with torch.inference_mode():
+            logits[mode] = model(torch.tensor([prompt])).logits[0, -1]
+        model.set_attn_implementation(previous)
+    assert torch.nn.functional.cosine_similarity(logits["int4"], logits["none"], dim=0) > 0.99
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    first = {mode: engine.generate([prompt], params)[0].token_ids for mode, engine in q4_1_engines.items()}
+    assert first["int4"][:4] == first["none"][:4]
+
+
+def test_q4_gguf_in_int4_matches_generate_on_its_own_modules(q4_1_engines):
+    engine = q4_1_engines["int4"]
+    prompts = [engine.encode_prompt([{"role": "user", "content": text}]) for text in ("one two", "hi " * 20)]
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    model = engine.loaded.model
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        for prompt, out in zip(prompts, outputs):
+            assert out.token_ids == reference_greedy(model, prompt, 16)
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def test_packed_gguf_load_makes_no_converted_copy(q4_ggufs, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVASIR_CACHE_DIR", str(tmp_path / "cache"))
+    engine = Engine(EngineConfig(model=str(q4_ggufs["Q4_0"]), quantization="int4", num_kv_blocks=32))
+    assert engine.loaded.loaded_from == q4_ggufs["Q4_0"]
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
+
+
+def test_q8_gguf_linear_weights_become_int8_rows(q4_ggufs):
+    engine = Engine(EngineConfig(model=str(q4_ggufs["Q8_0"]), quantization="int4", num_kv_blocks=32))
+    assert type(engine.loaded.model.model.layers[0].mlp.up_proj) is Int8Linear
+    assert engine.loaded.warnings == []  # Q8_0 to int8 rows is no re-quantisation worth a warning
+
+
+def test_packed_gguf_memory_matches_the_estimate(q4_1_engines, q4_ggufs):
+    measured = q4_1_engines["int4"].stats().model_memory_bytes
+    predicted = estimate(EngineConfig(model=str(q4_ggufs["Q4_1"]), quantization="int4")).weight_bytes
+    assert abs(predicted - measured) <= 0.1 * measured
+
+
+def test_auto_on_the_cpu_follows_the_gguf_weights(q4_ggufs, tiny_llama, tmp_path):
+    cpu = torch.device("cpu")
+    f32 = write_tiny_llama_gguf(tiny_llama, tmp_path / "f32.gguf")
+    chosen = {kind: resolve_quantization("auto", cpu, resolve_source(str(path))) for kind, path in q4_ggufs.items()}
+    assert chosen == {"Q4_1": "int4", "Q4_0": "int4", "Q8_0": "w8"}
+    assert resolve_quantization("auto", cpu, resolve_source(str(f32))) == "none"
+    assert resolve_quantization("auto", cpu, resolve_source(str(tiny_llama))) == "none"
+    assert resolve_quantization("auto", torch.device("cuda")) == "nf4"

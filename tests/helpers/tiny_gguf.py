@@ -24,8 +24,13 @@ def _permute_for_rope(weight: torch.Tensor, heads: int) -> torch.Tensor:
     )
 
 
-def write_tiny_llama_gguf(model_dir: Path, path: Path, chat_template: str | None = "default") -> Path:
-    """Convert the tiny llama folder ``model_dir`` (float32 safetensors) into the GGUF file ``path``."""
+def write_tiny_llama_gguf(model_dir: Path, path: Path, chat_template: str | None = "default",
+                          linear_type: str = "F32") -> Path:
+    """Convert the tiny llama folder ``model_dir`` (float32 safetensors) into the GGUF file ``path``.
+
+    ``linear_type``: how the decoder's linear weights are stored ("F32", or a block type such as "Q4_1",
+    "Q4_0", "Q8_0", quantised by the ``gguf`` package the way llama.cpp's quantiser writes them).
+    """
     import gguf
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -45,12 +50,23 @@ def write_tiny_llama_gguf(model_dir: Path, path: Path, chat_template: str | None
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(writer, model_dir, chat_template)
     for name, tensor in tensors.items():
-        writer.add_tensor(_gguf_name(name), _gguf_array(name, tensor, config))
+        _add_tensor(writer, _gguf_name(name), _gguf_array(name, tensor, config), linear_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _add_tensor(writer, name: str, array: np.ndarray, linear_type: str) -> None:
+    import gguf
+
+    is_linear = name.startswith("blk.") and array.ndim == 2
+    if not is_linear or linear_type == "F32":
+        writer.add_tensor(name, array)
+        return
+    kind = gguf.GGMLQuantizationType[linear_type]
+    writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
 
 
 def _gguf_name(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The default model in every quantisation: the fit estimate matches what loading measures."""
+"""The default model in every quantisation: the fit estimate matches what loading measures, and it answers."""
 
 import pytest
 
@@ -6,7 +6,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.models.fit import estimate
 
 pytestmark = pytest.mark.slow
-MODES = ("none", "int8", "nf4", "fp4")
+MODES = ("none", "int4", "w8", "int8", "nf4", "fp4")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,7 @@ def test_memory_falls_with_quantisation_and_load_never_doubles_the_weights(measu
     stats, _ = measured
     memory = {mode: s.model_memory_bytes for mode, s in stats.items()}
     assert memory["nf4"] < memory["int8"] < memory["none"]
+    assert memory["int4"] < memory["w8"] < memory["none"] / 2  # the Q4_1 blocks kept packed
     full_precision = memory["none"]
     for mode in MODES:
         assert 0 < stats[mode].peak_load_bytes < 2 * full_precision, mode
@@ -48,3 +49,10 @@ def test_every_mode_still_answers(measured):
     for mode, text in replies.items():
         assert text.strip(), mode
     assert "Paris" in replies["none"] and "Paris" in replies["int8"]
+    assert "Paris" in replies["int4"] and "Paris" in replies["w8"]
+
+
+def test_int4_is_the_cpu_default_for_the_q4_default_model(measured):
+    stats, replies = measured
+    assert estimate(EngineConfig(model="default", device="cpu")).quantization == "int4"
+    assert stats["int4"].quantization == "int4"

@@ -1,0 +1,191 @@
+"""A model built straight from a GGUF file's blocks, its linear layers packed without a float copy (int4, w8).
+
+The skeleton comes from the config transformers derives from the file, built on the ``meta`` device. Then
+each tensor is read from the file (a numpy memmap): the decoder's linear weights become packed layers from
+their raw blocks (Q4_0 / Q4_1 exactly, see :mod:`engine.step.packed_linear`), and embeddings, norms and
+biases are dequantised to the compute dtype. Names and the llama-family q/k head permutation come from
+transformers' own GGUF tables, so this reads what ``from_pretrained(gguf_file=...)`` reads.
+
+Types without a direct mapping are dequantised one tensor at a time and re-quantised (to int8 per row for
+5 bits and more, int4 in groups of 32 below), which the load warnings say.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from ..step.packed_linear import GGUF_BLOCK, Int4Linear, Int8Linear, can_pack_int4, quantize_int4
+from ..step.quantization import pack_output_head, quantizable_linears
+from .sources import ModelSource
+
+DIRECT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups
+FLOAT_TYPES = ("F32", "F16", "BF16")
+LOW_BIT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+                 "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0")  # re-quantised to int4; the rest (5 bits and up) to int8
+
+
+@dataclass(slots=True)
+class PackedLoad:
+    """What building from blocks produced: the model and the tensor types that had to be re-quantised."""
+
+    model: nn.Module
+    requantized: Counter = field(default_factory=Counter)
+
+    def warnings(self) -> list[str]:
+        if not self.requantized:
+            return []
+        kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(self.requantized.items()))
+        return [f"linear weights stored as {kinds} have no direct packed form and were re-quantised at load"]
+
+
+def load_packed_gguf(source: ModelSource, mode: str, dtype: torch.dtype, attn: str, device: torch.device) -> PackedLoad:
+    """Build ``source`` (a GGUF file) for packed ``mode`` ("int4" or "w8"); linear layers packed on ``device``."""
+    import gguf
+
+    done = PackedLoad(_skeleton(source, dtype, attn))
+    reader = gguf.GGUFReader(str(source.path))
+    state = _fill(done, reader, mode, dtype, device)
+    done.model.load_state_dict(state, strict=False, assign=True)
+    done.model.tie_weights()
+    pack_output_head(done.model, mode)
+    _check_complete(done.model, source)
+    return done
+
+
+def _fill(done: PackedLoad, reader, mode: str, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """Swap in packed layers for the decoder's linear weights; return every other tensor, dequantised."""
+    architecture = _architecture(reader)
+    processor = _processor(architecture, done.model.config)
+    names = _tensor_names(done.model, architecture)
+    linears = _named_linears(done.model)
+    state = {}
+    for tensor in reader.tensors:
+        target = names.get(tensor.name)
+        if target is None:
+            continue  # as in transformers: tensors the model has no place for (rope tables, say)
+        module, _, kind = target.rpartition(".")
+        if kind == "weight" and module in linears:
+            parent, attr, layer = linears.pop(module)
+            setattr(parent, attr, _packed_layer(tensor, mode, processor, layer, done.requantized, device))
+        else:
+            state[target] = _dequantized(tensor, processor, dtype)
+    return state
+
+
+def _skeleton(source: ModelSource, dtype: torch.dtype, attn: str) -> nn.Module:
+    """The model with its parameters on ``meta`` (buffers such as rotary frequencies are real)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, trust_remote_code=False)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    except Exception as exc:
+        raise ModelLoadError(f"could not build {source.name} from its GGUF config: {exc}") from exc
+    return model.eval()
+
+
+def _architecture(reader) -> str:
+    return str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+
+
+def _processor(architecture: str, config):
+    """transformers' per-architecture GGUF tensor processor (the q/k head permutation of llama files)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+
+
+def _tensor_names(model: nn.Module, architecture: str) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, from gguf's table (the one transformers reads).
+
+    transformers' own ``get_gguf_hf_weights_map`` rebuilds this table for every submodule (seconds); one
+    pass over the model's top-level names is what causal LMs need.
+    """
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
+    if arch is None:
+        raise ModelLoadError(f"gguf does not know the architecture {architecture!r}")
+    table = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    names = {}
+    for name in model.state_dict():
+        module, _, suffix = name.rpartition(".")
+        gguf_name = table.get_name(module)
+        if gguf_name is not None:
+            names[f"{gguf_name}.{suffix}"] = name
+    return names
+
+
+def _named_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
+    prefix = {id(module): name for name, module in model.named_modules()}
+    return {f"{prefix[id(parent)]}.{attr}".lstrip("."): (parent, attr, layer)
+            for parent, attr, layer in quantizable_linears(model)}
+
+
+def _packed_layer(tensor, mode: str, processor, layer: nn.Linear, requantized: Counter, device) -> nn.Module:
+    """The packed replacement of ``layer`` from ``tensor``'s blocks; rows reordered as transformers would."""
+    kind = tensor.tensor_type.name
+    rows = _row_order(processor, tensor.name, layer.out_features)
+    packed = _from_blocks(tensor, kind, mode, rows, layer, requantized, device)
+    if layer.bias is not None:
+        packed.bias = layer.bias.data  # a meta placeholder, filled from the file's bias tensor with the rest
+    return packed
+
+
+def _from_blocks(tensor, kind: str, mode: str, rows, layer: nn.Linear, requantized: Counter, device) -> nn.Module:
+    """Int4 layers are packed on ``device`` itself: the CPU and CUDA layouts differ, so they can't be moved."""
+    int4_fits = can_pack_int4(layer.in_features, layer.out_features, GGUF_BLOCK)
+    if mode == "int4" and kind in DIRECT_INT4 and int4_fits:
+        return Int4Linear.from_gguf_blocks(tensor.data, kind, rows, device=device)
+    if kind == "Q8_0":
+        return Int8Linear.from_gguf_blocks(tensor.data, rows).to(device)
+    weight = _dequantized(tensor, None, torch.float32)
+    weight = weight if rows is None else weight[rows]
+    if kind not in FLOAT_TYPES and kind not in DIRECT_INT4:
+        requantized[kind] += 1
+    if mode == "int4" and int4_fits and (kind in LOW_BIT_TYPES or kind in FLOAT_TYPES or kind in DIRECT_INT4):
+        return Int4Linear.from_codes(*quantize_int4(weight, GGUF_BLOCK), GGUF_BLOCK, device=device)
+    return Int8Linear.from_float(_as_linear(weight)).to(device)
+
+
+def _row_order(processor, name: str, rows: int) -> torch.Tensor | None:
+    """The row permutation transformers applies to ``name`` (None when it keeps the order).
+
+    Found by passing the row indices through the processor: it only moves whole rows of q/k weights.
+    """
+    index = np.arange(rows, dtype=np.int64)[:, None]
+    moved = np.asarray(processor.process(weights=index, name=name).weights).reshape(-1)
+    if moved.shape != (rows,) or not np.array_equal(np.sort(moved), index[:, 0]):
+        raise ModelLoadError(f"{name}: transformers reshapes this tensor; packed loading can't follow it")
+    return None if np.array_equal(moved, index[:, 0]) else torch.from_numpy(moved)
+
+
+def _dequantized(tensor, processor, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor in ``dtype``, through transformers' processor when given (as ``from_pretrained`` does)."""
+    from gguf import dequantize
+
+    weights = dequantize(tensor.data, tensor.tensor_type)
+    if processor is not None:
+        weights = processor.process(weights=weights, name=tensor.name).weights
+    return torch.from_numpy(np.array(weights, dtype=np.float32)).to(dtype)
+
+
+def _as_linear(weight: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    return layer
+
+
+def _check_complete(model: nn.Module, source: ModelSource) -> None:
+    """Every parameter and buffer was filled from the file; a missing one would compute garbage."""
+    missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if missing:
+        raise ModelLoadError(f"{source.name}: the GGUF file has no tensor for {', '.join(missing[:5])}")
