@@ -40,11 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="a terminal chat that keeps the conversation")
     engine_args(chat)
     sampling_args(chat)
-    bench = commands.add_parser("bench", help="throughput against transformers on the same model")
+    bench = commands.add_parser("bench", help="speed against llama.cpp and transformers on the same model")
     engine_args(bench)
-    bench.add_argument("--quick", action="store_true", help="16 chats x 128 tokens and 1 chat x 128 tokens")
-    bench.add_argument("--concurrent", type=int, default=16)
-    bench.add_argument("--tokens", type=int, default=128)
+    bench.add_argument("--quick", action="store_true",
+                       help="only 16 chats x 128 tokens and 1 chat x 128 tokens, against transformers")
+    bench.add_argument("--concurrent", type=int, default=16, help="--quick: chats at once")
+    bench.add_argument("--tokens", type=int, default=128, help="new tokens per chat")
+    bench.add_argument("--chats", default="1,4,16,64", help="numbers of chats at once, comma-separated")
+    bench.add_argument("--no-peers", action="store_true", help="leave llama.cpp out")
+    bench.add_argument("--out", default="bench/results", help="folder for the JSON, Markdown and plots")
+    bench.add_argument("--readme", metavar="README", nargs="?", const="README.md", default=None,
+                       help="only rewrite the README's bench table from OUT/latest.md, measure nothing")
     bench.add_argument("--json", action="store_true")
     models = commands.add_parser("models", help="the model library")
     actions = models.add_subparsers(dest="action", required=True)
@@ -162,10 +168,27 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import print_report, run_quick
+    from pathlib import Path
 
-    report = run_quick(config_from(args), concurrent=args.concurrent, new_tokens=args.tokens)
-    print_report(report, args.json)
+    from . import bench, bench_report
+
+    out = Path(args.out)
+    if args.readme:
+        bench_report.update_readme(Path(args.readme), out / "latest.md")
+        print(f"{args.readme}: bench table rewritten from {out / 'latest.md'}")
+        return 0
+    if args.quick:
+        bench.print_report(bench.run_quick(config_from(args), concurrent=args.concurrent, new_tokens=args.tokens),
+                           args.json)
+        return 0
+    chats = tuple(int(n) for n in args.chats.split(",") if n.strip())
+    progress = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    report = bench.run_full(config_from(args), chats, args.tokens, not args.no_peers, progress)
+    written = bench_report.write_results(report, out, progress)
+    print(bench_report.markdown(report))
+    print("written: " + ", ".join(str(p) for p in written), file=sys.stderr)
+    if args.json:
+        print(bench.report_json(report))
     return 0
 
 
@@ -225,3 +248,5 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
