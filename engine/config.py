@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# int8 / nf4 / fp4: bitsandbytes; int4 / w8: torch's packed weight-only kernels (engine/step/packed_linear.py)
+# int8 / nf4 / fp4: bitsandbytes; int4 / w8: packed weight-only layers (engine/step/block_linear.py on the CPU,
+# engine/step/packed_linear.py on CUDA)
 QUANTIZATIONS = ("auto", "none", "int4", "w8", "int8", "nf4", "fp4")
 WEIGHT_MODES = QUANTIZATIONS[1:]  # what ``auto`` chooses between
 AUTO_QUANTIZATION_RULE = "auto: nf4 on CUDA; on the CPU int4 or w8 for a 4- or 8-bit GGUF file, else none"

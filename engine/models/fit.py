@@ -8,6 +8,7 @@ import torch
 
 from ..config import EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
+from ..serving.kv_cache import kv_cache_blocks
 from ..step.quantization import PACKED_MODES
 from .gguf_info import read_gguf_info
 from .model_info import ModelInfo, read_model_info
@@ -17,11 +18,12 @@ from .weights_check import model_config
 # bitsandbytes 4-bit: two weights a byte; one 8-bit absmax per 64 weights, and (double quantisation)
 # one float32 per 256 absmax values.
 FOUR_BIT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
-# packed int4 (torch's kernel): two weights a byte, a bfloat16 scale and zero per group of 32
-INT4_BYTES_PER_WEIGHT = 0.5 + 4 / 32
-PACKED_SCALE_BYTES = 2  # bfloat16 scale per output row of an int8 layer
+# packed int4: two weights a byte and two 16-bit numbers per 32 weights (Q4_1 blocks; torch's int4 kernel alike)
+INT4_BYTES_PER_WEIGHT = 20 / 32
+# packed 8-bit: Q8_0 blocks, a byte a weight and a float16 scale per 32 (torch's int8 rows are 6% smaller)
+W8_BYTES_PER_WEIGHT = 34 / 32
 MIN_CONTEXT_TOKENS = 256  # refuse a configuration that leaves less KV room than this
-MEMORY_SHARE = 0.9  # of the free memory that weights and KV cache may take together
+MEMORY_SHARE = 0.9  # of the free memory the weights may take
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +37,13 @@ class FitEstimate:
     weight_bytes: int
     kv_bytes_per_token: int
     available_bytes: int
-    kv_tokens: int  # tokens of KV cache that fit beside the weights
+    kv_tokens: int  # tokens of KV cache the engine will allocate beside the weights (kv_cache_blocks)
     context_length: int
     max_concurrent_full_context: int
 
     @property
     def fits(self) -> bool:
-        return self.kv_tokens >= MIN_CONTEXT_TOKENS
+        return self.weight_bytes <= self.available_bytes * MEMORY_SHARE and self.kv_tokens >= MIN_CONTEXT_TOKENS
 
     def summary(self) -> str:
         gib = 1024**3
@@ -68,7 +70,7 @@ class OutputHead:
 def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: OutputHead | None = None) -> int:
     """Bytes the loaded weights take for ``quantization`` with compute ``dtype``.
 
-    ``head``: needed for the packed modes, which give the output head an int8 copy of its own.
+    ``head``: needed for the packed modes, which give the output head an 8-bit copy of its own.
     """
     element = torch.empty((), dtype=dtype).element_size()
     other = info.parameter_count - info.linear_parameter_count
@@ -86,11 +88,9 @@ def _packed_bytes(info: ModelInfo, quantization: str, element: int, head: Output
     other = info.parameter_count - info.linear_parameter_count
     if not head.tied:  # the head's float weight becomes the int8 copy
         other -= head.rows * head.cols
-    if quantization == "int4":
-        linear = int(info.linear_parameter_count * INT4_BYTES_PER_WEIGHT)
-    else:
-        linear = info.linear_parameter_count + PACKED_SCALE_BYTES * info.linear_rows
-    return other * element + linear + head.rows * head.cols + PACKED_SCALE_BYTES * head.rows
+    per_weight = INT4_BYTES_PER_WEIGHT if quantization == "int4" else W8_BYTES_PER_WEIGHT
+    linear = int(info.linear_parameter_count * per_weight)
+    return other * element + linear + int(head.rows * head.cols * W8_BYTES_PER_WEIGHT)
 
 
 def output_head(source: ModelSource) -> OutputHead:
@@ -124,7 +124,9 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     per_token = kv_bytes_per_token(info, dtype)
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)
-    kv_tokens = max(0, int(available * MEMORY_SHARE) - weights) // per_token if per_token else 0
+    blocks = kv_cache_blocks(config, device, per_token, config.max_model_len or info.context_length,
+                             max(0, available - weights)) if per_token else 0
+    kv_tokens = blocks * config.block_size
     return FitEstimate(
         model_name=info.name,
         quantization=quantization,

@@ -2,12 +2,12 @@
 
 The skeleton comes from the config transformers derives from the file, built on the ``meta`` device. Then
 each tensor is read from the file (a numpy memmap): the decoder's linear weights become packed layers from
-their raw blocks (Q4_0 / Q4_1 exactly, see :mod:`engine.step.packed_linear`), and embeddings, norms and
+their raw blocks (Q4_0, Q4_1 and Q8_0 as they are, see :mod:`engine.step.block_linear`), and embeddings, norms and
 biases are dequantised to the compute dtype. Names and the llama-family q/k head permutation come from
 transformers' own GGUF tables, so this reads what ``from_pretrained(gguf_file=...)`` reads.
 
-Types without a direct mapping are dequantised one tensor at a time and re-quantised (to int8 per row for
-5 bits and more, int4 in groups of 32 below), which the load warnings say.
+Types without a direct mapping are dequantised one tensor at a time and re-quantised (to 8 bits for 5 bits
+and more, to 4 bits in groups of 32 below), which the load warnings say.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
-from ..step.packed_linear import GGUF_BLOCK, Int4Linear, Int8Linear, can_pack_int4, quantize_int4
-from ..step.quantization import pack_output_head, quantizable_linears
+from ..step.block_linear import BlockQuantLinear
+from ..step.packed_linear import GGUF_BLOCK, Int4Linear, Int8Linear, can_pack_int4
+from ..step.quantization import pack_output_head, packed_layer, quantizable_linears, uses_native_blocks
 from .sources import ModelSource
 
 DIRECT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups
@@ -53,7 +54,7 @@ def load_packed_gguf(source: ModelSource, mode: str, dtype: torch.dtype, attn: s
     state = _fill(done, reader, mode, dtype, device)
     done.model.load_state_dict(state, strict=False, assign=True)
     done.model.tie_weights()
-    pack_output_head(done.model, mode)
+    pack_output_head(done.model, device)
     _check_complete(done.model, source)
     return done
 
@@ -141,19 +142,24 @@ def _packed_layer(tensor, mode: str, processor, layer: nn.Linear, requantized: C
 
 
 def _from_blocks(tensor, kind: str, mode: str, rows, layer: nn.Linear, requantized: Counter, device) -> nn.Module:
-    """Int4 layers are packed on ``device`` itself: the CPU and CUDA layouts differ, so they can't be moved."""
-    int4_fits = can_pack_int4(layer.in_features, layer.out_features, GGUF_BLOCK)
-    if mode == "int4" and kind in DIRECT_INT4 and int4_fits:
+    """The file's blocks as they are where a kernel reads them, else dequantised and packed again.
+
+    Native block layers (the CPU) take Q4_0 / Q4_1 in int4 mode and Q8_0 in both; torch's packed kernels take
+    Q4_0 / Q4_1 as int4 (packed on ``device`` itself: the CPU and CUDA layouts differ) and Q8_0 as int8 rows.
+    """
+    if uses_native_blocks(device, layer.in_features):
+        if kind == "Q8_0" or (mode == "int4" and kind in DIRECT_INT4):
+            return BlockQuantLinear.from_gguf(tensor.data, kind, rows)
+    elif mode == "int4" and kind in DIRECT_INT4 and can_pack_int4(layer.in_features, layer.out_features, GGUF_BLOCK):
         return Int4Linear.from_gguf_blocks(tensor.data, kind, rows, device=device)
-    if kind == "Q8_0":
+    elif kind == "Q8_0":
         return Int8Linear.from_gguf_blocks(tensor.data, rows).to(device)
     weight = _dequantized(tensor, None, torch.float32)
     weight = weight if rows is None else weight[rows]
     if kind not in FLOAT_TYPES and kind not in DIRECT_INT4:
         requantized[kind] += 1
-    if mode == "int4" and int4_fits and (kind in LOW_BIT_TYPES or kind in FLOAT_TYPES or kind in DIRECT_INT4):
-        return Int4Linear.from_codes(*quantize_int4(weight, GGUF_BLOCK), GGUF_BLOCK, device=device)
-    return Int8Linear.from_float(_as_linear(weight)).to(device)
+    four_bit = kind in LOW_BIT_TYPES or kind in FLOAT_TYPES or kind in DIRECT_INT4
+    return packed_layer(weight.to(device), "int4" if mode == "int4" and four_bit else "w8", device)
 
 
 def _row_order(processor, name: str, rows: int) -> torch.Tensor | None:
@@ -176,12 +182,6 @@ def _dequantized(tensor, processor, dtype: torch.dtype) -> torch.Tensor:
     if processor is not None:
         weights = processor.process(weights=weights, name=tensor.name).weights
     return torch.from_numpy(np.array(weights, dtype=np.float32)).to(dtype)
-
-
-def _as_linear(weight: torch.Tensor) -> nn.Linear:
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    layer.weight = nn.Parameter(weight, requires_grad=False)
-    return layer
 
 
 def _check_complete(model: nn.Module, source: ModelSource) -> None:

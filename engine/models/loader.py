@@ -12,6 +12,7 @@ import torch
 from ..config import EngineConfig
 from ..devices import resolve_dtype, resolve_quantization
 from ..errors import ModelLoadError, UnsupportedModelError
+from ..step import kernels
 from ..step.quantization import PACKED_MODES, module_bytes, quantize_model
 from . import gguf_cache
 from .gguf_weights import load_packed_gguf
@@ -70,6 +71,10 @@ def load_model(
     tokenizer, warnings = load_tokenizer(files)  # a converted copy's tokenizer reads faster, even for from_blocks
     if from_blocks:
         files = source
+    if quantization in PACKED_MODES and device.type == "cpu" and not kernels.is_ready():
+        report(0.1, "building the CPU kernels (once per machine)")
+        if not kernels.available():
+            warnings.append(f"{kernels.status().detail}; using torch's slower packed kernels")
     report(0.15, "reading the weights" if converted or source.kind == "hf" else "converting the GGUF file (once)")
     with PeakMemory(device) as reading:
         packed_mode = quantization if from_blocks else None

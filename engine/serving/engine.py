@@ -21,7 +21,7 @@ from ..step import attention
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.runner import ModelRunner
 from .block_manager import BlockManager
-from .kv_cache import KVCache, KVShape, blocks_for_memory
+from .kv_cache import KVCache, KVShape, kv_cache_blocks
 from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
 from .scheduler import Chunk, Scheduler, SchedulerOutput
@@ -30,9 +30,6 @@ from .sequence import Sequence, Status
 log = logging.getLogger(__name__)
 
 Prompt = str | list[int] | list[dict]
-CPU_KV_SHARE = 0.25  # of free system memory, when neither num_kv_blocks nor kv_cache_memory is set
-CUDA_KV_SHARE = 0.80  # of free device memory after the weights are loaded
-CPU_KV_DEFAULT_CAP = 2 * 1024**3
 SWITCHED_MESSAGE = "the model was switched while this reply was being written"
 
 
@@ -304,18 +301,8 @@ class Engine:
         return "torch"
 
     def _num_kv_blocks(self, shape: KVShape) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        memory = self.config.kv_cache_memory or self._default_kv_memory()
-        # Never more than the longest context times max_num_seqs could ever use.
-        ceiling = self.config.max_num_seqs * -(-self.max_model_len // self.block_size) + 1
-        return min(blocks_for_memory(shape, self.block_size, memory), ceiling)
-
-    def _default_kv_memory(self) -> int:
-        free = available_memory(self.device)
-        if self.device.type == "cuda":
-            return int(free * CUDA_KV_SHARE)
-        return min(int(free * CPU_KV_SHARE), CPU_KV_DEFAULT_CAP)
+        return kv_cache_blocks(self.config, self.device, shape.bytes_per_token(), self.max_model_len,
+                               available_memory(self.device))
 
     def _why_it_cannot_fit(self, seq: Sequence) -> str | None:
         if seq.num_prompt_tokens == 0:

@@ -6,6 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import EngineConfig
+
+CPU_KV_SHARE = 0.25  # of free system memory after the weights, when neither num_kv_blocks nor kv_cache_memory is set
+CPU_KV_DEFAULT_CAP = 2 * 1024**3
+CUDA_KV_SHARE = 0.80  # of free device memory after the weights
+
 
 @dataclass(frozen=True, slots=True)
 class KVShape:
@@ -51,6 +57,23 @@ class KVCache:
         return self.num_blocks * self.block_size * self.shape.bytes_per_token()
 
 
-def blocks_for_memory(shape: KVShape, block_size: int, memory_bytes: int) -> int:
-    """How many blocks fit in ``memory_bytes``."""
-    return max(1, memory_bytes // (block_size * shape.bytes_per_token()))
+def kv_cache_blocks(config: EngineConfig, device: torch.device, bytes_per_token: int, max_model_len: int,
+                    free_bytes: int) -> int:
+    """How many KV blocks the engine allocates: the one rule, used by the engine and by the fit estimate.
+
+    ``free_bytes``: memory free once the weights are in place (measured by the engine after loading, predicted
+    by the estimate before). ``num_kv_blocks`` or ``kv_cache_memory`` in ``config`` decide when set; else a
+    share of the free memory (on the CPU at most ``CPU_KV_DEFAULT_CAP``, since the system needs the rest).
+    Never more than ``max_num_seqs`` sequences of the full context could use.
+    """
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    memory = config.kv_cache_memory or default_kv_memory(device, free_bytes)
+    ceiling = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
+    return max(1, min(memory // (config.block_size * bytes_per_token), ceiling))
+
+
+def default_kv_memory(device: torch.device, free_bytes: int) -> int:
+    if device.type == "cuda":
+        return int(free_bytes * CUDA_KV_SHARE)
+    return min(int(free_bytes * CPU_KV_SHARE), CPU_KV_DEFAULT_CAP)

@@ -26,6 +26,7 @@ class GroupMetadata:
     query_index: torch.Tensor  # [B, Q] positions in the packed row (padding repeats a valid one)
     query_valid: torch.Tensor | None  # [B, Q] bool, None when every query is real
     kv_blocks: torch.Tensor  # [B * N] each sequence's block table, padded with block 0
+    kv_lengths: torch.Tensor  # [B] each sequence's key count (its length after this step's tokens)
     kv_width: int  # L: the longest sequence's length; keys beyond a sequence's own length are masked
     first_block: int | None  # one sequence whose blocks are consecutive in the pool: read them in place
     mask: torch.Tensor | None  # [B, 1, Q, L] additive (0 or -inf); None when nothing is masked
@@ -132,6 +133,7 @@ def _group_metadata(
         query_index=query_index.to(device),
         query_valid=None if all_valid else query_valid.to(device),
         kv_blocks=tables[:, :num_blocks].reshape(-1).to(device),
+        kv_lengths=torch.tensor([s.end for s in slices]).to(device),
         kv_width=kv_width,
         first_block=_consecutive_start(slices[0].block_table[:num_blocks]) if len(slices) == 1 else None,
         mask=None if mask is None else mask.to(device),

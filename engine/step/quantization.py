@@ -1,8 +1,10 @@
 """Weight quantisation applied after loading, by swapping linear layers one at a time.
 
 Two families: bitsandbytes (``int8``, ``nf4``, ``fp4``; embeddings and the output head stay in the compute
-dtype) and torch's packed weight-only kernels (``int4``, ``w8``; see :mod:`.packed_linear`), where the output
-head is packed to int8 too: on the CPU it is the largest single matrix a decode step reads. Each
+dtype) and the packed weight-only modes (``int4``, ``w8``), where the output head is packed to 8 bits too: on
+the CPU it is the largest single matrix a decode step reads. On the CPU the packed modes hold GGUF-style Q4_1 /
+Q8_0 blocks for the native kernels (:mod:`.block_linear`); on CUDA, or where those kernels could not be built,
+torch's own packed int4 / int8 kernels (:mod:`.packed_linear`). Each
 full-precision weight is freed as soon as its quantised replacement exists, so loading never holds two
 full-precision copies.
 """
@@ -16,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from . import kernels
+from .block_linear import BLOCK, BlockQuantLinear
 from .packed_linear import Int4Linear, Int8Linear, can_pack_int4
 
 log = logging.getLogger(__name__)
@@ -81,28 +85,47 @@ def pack_model(
     """
     layers = quantizable_linears(model)
     for i, (parent, name, linear) in enumerate(layers):
-        setattr(parent, name, _packed(linear.to(device), mode))
+        bias = None if linear.bias is None else linear.bias.detach().to(device)
+        setattr(parent, name, packed_layer(linear.weight.detach().to(device), mode, device, bias))
         linear.weight = None  # free the float weight now, not when the loop ends
         if progress:
             progress((i + 1) / len(layers))
-    pack_output_head(model, mode)
+    pack_output_head(model, device)
     return len(layers)
 
 
-def pack_output_head(model: nn.Module, mode: str) -> None:
-    """The output head as an int8 layer (per-row scales), also when it is tied to the embeddings.
+def uses_native_blocks(device: torch.device, in_features: int) -> bool:
+    """Whether packed layers on ``device`` with ``in_features`` inputs are native Q4_1 / Q8_0 block layers."""
+    return device.type == "cpu" and in_features % BLOCK == 0 and kernels.available()
 
-    A tied head gets its own int8 copy: the embedding keeps the compute dtype, since a lookup reads one row.
+
+def packed_layer(weight: torch.Tensor, mode: str, device: torch.device, bias: torch.Tensor | None = None) -> nn.Module:
+    """A float ``weight`` [out, in] as a packed ``mode`` layer: 4-bit for ``int4``, 8-bit for ``w8``."""
+    out_features, in_features = weight.shape
+    if uses_native_blocks(device, in_features):
+        return BlockQuantLinear.from_float(weight, "q4_1" if mode == "int4" else "q8_0", bias)
+    if mode == "int4" and can_pack_int4(in_features, out_features, INT4_GROUP_SIZE):
+        return Int4Linear.from_float(_as_linear(weight, bias), INT4_GROUP_SIZE)
+    return Int8Linear.from_float(_as_linear(weight, bias))  # w8, or shapes the int4 kernel does not take
+
+
+def pack_output_head(model: nn.Module, device: torch.device) -> None:
+    """The output head in 8 bits (Q8_0 blocks, or int8 per row), also when it is tied to the embeddings.
+
+    A tied head gets its own 8-bit copy: the embedding keeps the compute dtype, since a lookup reads one row.
     """
     head = model.get_output_embeddings()
     if type(head) is nn.Linear:
-        model.set_output_embeddings(Int8Linear.from_float(head))
+        bias = None if head.bias is None else head.bias.detach()
+        model.set_output_embeddings(packed_layer(head.weight.detach(), "w8", device, bias))
 
 
-def _packed(linear: nn.Linear, mode: str) -> nn.Module:
-    if mode == "int4" and can_pack_int4(linear.in_features, linear.out_features, INT4_GROUP_SIZE):
-        return Int4Linear.from_float(linear, INT4_GROUP_SIZE)
-    return Int8Linear.from_float(linear)  # w8, or shapes the int4 kernel does not take
+def _as_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=False)
+    return layer
 
 
 def _quantized(bnb, linear: nn.Linear, mode: str, compute_dtype: torch.dtype, device: torch.device) -> nn.Module:

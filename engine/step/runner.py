@@ -8,6 +8,7 @@ from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
 from .attention import SequenceSlice, build_metadata
 from .lean_decoder import lean_decoder_for
+from .native_decoder import native_decoder_for
 from .sampler import Sampler, SamplingRow
 
 
@@ -21,7 +22,8 @@ class ModelRunner:
         self.device = device
         self.backend = backend
         self.sampler = Sampler()
-        self.lean = lean_decoder_for(model)  # None: the architecture runs through transformers' modules
+        # the fastest forward pass that computes this model: native CPU kernels, the lean decoder, or transformers
+        self.lean = native_decoder_for(model, device, self.dtype) or lean_decoder_for(model)
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> list[int]:

@@ -164,8 +164,11 @@ PROMPT_TOKENS = 64  # llama-batched-bench's -npp: every chat's prompt is this lo
 PP_TOKENS = 512  # the prompt-processing measurement (llama-bench -p 512)
 SYSTEM_TOKENS = 1000
 CONVERSATIONS, TURNS, REPLY_TOKENS = 8, 4, 32
+AGREEMENT_PROMPTS, AGREEMENT_TOKENS = 8, 16  # greedy replies compared with llama.cpp's, token by token
 USER_TURNS = ("Let's talk about {topic}.", "Tell me more.", "Why does that matter?", "Sum it up in one sentence.")
 FULL_ROUNDS = 1  # rounds per measurement in the full run: with every workload in it, it must stay under 10 minutes
+# transformers runs these only: generate_batch at 64 chats takes minutes and ~15 GB, and 4 adds nothing to the picture
+TRANSFORMERS_CHATS = (1, 16)
 
 
 @dataclass(slots=True)
@@ -344,13 +347,32 @@ def measure_kvasir(engine: Engine, chats, new_tokens: int, progress) -> tuple[di
     result["conversations"], turns = kvasir_conversations(engine)
     result["perplexity"] = {"perplexity": perplexity(engine, eval_text()), "context": 512}
     result["max_rss_bytes"] = peak_rss_bytes()
-    return result, [pairs, turns]
+    return result, [pairs, turns, greedy_replies(engine)]
+
+
+def greedy_replies(engine: Engine) -> list[tuple[list[int], list[int]]]:
+    """(prompt, Kvasir's greedy reply) for AGREEMENT_PROMPTS chat prompts, AGREEMENT_TOKENS tokens each."""
+    prompts = chat_prompts(engine, AGREEMENT_PROMPTS)
+    params = SamplingParams(max_tokens=AGREEMENT_TOKENS, temperature=0.0, ignore_eos=True)
+    return [(p, out.token_ids) for p, out in zip(prompts, engine.generate(prompts, params))]
+
+
+def greedy_agreement(server: peers.LlamaServer, replies) -> dict:
+    """How many of Kvasir's greedy replies llama-server repeats token for token, and their mean common prefix."""
+    common = []
+    for prompt, mine in replies:
+        theirs = server.complete(prompt, len(mine))["tokens"]
+        same = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        common.append(same)
+    return {"prompts": len(replies), "tokens": AGREEMENT_TOKENS,
+            "identical": f"{sum(c == AGREEMENT_TOKENS for c in common)} of {len(replies)}",
+            "mean_common_prefix": statistics.mean(common) if common else None}
 
 
 def measure_transformers(model, engine: Engine, chats, new_tokens: int, progress) -> dict:
     """transformers on the same model object: ``generate`` for one chat, ``generate_batch`` for more."""
     loads = []
-    for n in chats:
+    for n in [n for n in chats if n in TRANSFORMERS_CHATS]:
         progress(f"transformers: {n} chats x {new_tokens} tokens")
         prompts = prompt_set(engine, n, salt=100 * n)
         if n == 1:
@@ -363,7 +385,8 @@ def measure_transformers(model, engine: Engine, chats, new_tokens: int, progress
     single = run_generate(model, text_ids, 1)
     return {"loads": loads, "prompt": {"prompt_tokens": PP_TOKENS, "prompt_tokens_per_s": PP_TOKENS / single.seconds},
             "max_rss_bytes": peak_rss_bytes(),
-            "note": "runs in Kvasir's process on Kvasir's model object: its memory is that process's peak"}
+            "note": "runs in Kvasir's process on Kvasir's model object: its memory is that process's peak; "
+                    f"chats {', '.join(map(str, TRANSFORMERS_CHATS))} only, to keep the run under 10 minutes"}
 
 
 def gguf_of(config: EngineConfig) -> Path | None:
@@ -411,16 +434,17 @@ def llama_conversations(server: peers.LlamaServer, turns: list[list[list[int]]])
 def llama_server_part(model: Path, shared: list, threads: int) -> dict:
     """Prompt caching in llama-server: the shared system prompt and the multi-turn conversations."""
     if peers.find_tool("llama-server") is None:
-        return {"system_prompt": peers.skipped("llama-server"), "conversations": peers.skipped("llama-server")}
-    pairs, turns = shared
+        return {part: peers.skipped("llama-server") for part in ("system_prompt", "conversations", "greedy_agreement")}
+    pairs, turns, replies = shared
     try:
         with peers.server(model, threads=threads) as server:
             part = {"system_prompt": llama_system_prompt(server, pairs),
-                    "conversations": llama_conversations(server, turns)}
+                    "conversations": llama_conversations(server, turns),
+                    "greedy_agreement": greedy_agreement(server, replies)}
             part["server_max_rss_bytes"] = server.max_rss_bytes()
     except (OSError, RuntimeError) as exc:  # a server that will not start or answer is a note, not a crash
         note = {"skipped": f"llama-server: {exc}"}
-        return {"system_prompt": note, "conversations": note}
+        return {"system_prompt": note, "conversations": note, "greedy_agreement": note}
     return part
 
 

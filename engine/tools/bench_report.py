@@ -87,6 +87,8 @@ def other_table(report: dict) -> list[str]:
         ("8 chats x 4 turns: prompt tokens from cache", "conversations", "cached_share", pct),
         ("the same, turns 2-4 only", "conversations", "cached_share_later_turns", pct),
         ("perplexity, shipped text, 512-token context", "perplexity", "perplexity", lambda v: f"{v:.2f}"),
+        ("Kvasir's greedy replies llama.cpp repeats (first 16 tokens)", "greedy_agreement", "identical", str),
+        ("  their mean common prefix (tokens)", "greedy_agreement", "mean_common_prefix", _num),
     ]
     lines = ["| measure | Kvasir | llama.cpp | transformers |", "|---|---:|---:|---:|"]
     lines += [f"| {label} | " + " | ".join(_cell(x, part, key, fmt) for x in e) + " |"

@@ -11,16 +11,21 @@ from engine import QUANTIZATIONS, Engine, EngineConfig, SamplingParams
 from engine.devices import resolve_quantization
 from engine.models.fit import estimate
 from engine.models.sources import resolve_source
+from engine.step import kernels
+from engine.step.block_linear import BlockQuantLinear
 from engine.step.packed_linear import Int4Linear, Int8Linear
 from engine.step.quantization import PACKED_MODES, import_bitsandbytes
 from tests.helpers.oracle import reference_greedy
 from tests.helpers.tiny_gguf import write_tiny_llama_gguf
 
 bnb = import_bitsandbytes()
+NATIVE = kernels.available()  # the CPU's packed layers: native Q4_1 / Q8_0 blocks, else torch's packed kernels
+INT4_TYPE, W8_TYPE = (BlockQuantLinear, BlockQuantLinear) if NATIVE else (Int4Linear, Int8Linear)
 LAYER_TYPE = {
     "none": torch.nn.Linear, "int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit, "fp4": bnb.nn.Linear4bit,
-    "int4": Int4Linear, "w8": Int8Linear,
+    "int4": INT4_TYPE, "w8": W8_TYPE,
 }
+BLOCK_KIND = {"int4": "q4_1", "w8": "q8_0"}
 QUANTISED = [mode for mode in LAYER_TYPE if mode != "none"]
 
 
@@ -35,8 +40,10 @@ def test_linear_layers_are_swapped_and_the_rest_is_kept(engines, mode):
     model = engines[mode].loaded.model
     attn = model.model.layers[0].self_attn
     assert type(attn.q_proj) is LAYER_TYPE[mode] and type(model.model.layers[1].mlp.down_proj) is LAYER_TYPE[mode]
-    head_type = Int8Linear if mode in PACKED_MODES else torch.nn.Linear  # packed modes pack the head too
+    head_type = W8_TYPE if mode in PACKED_MODES else torch.nn.Linear  # packed modes pack the head too
     assert type(model.lm_head) is head_type
+    if NATIVE and mode in PACKED_MODES:
+        assert attn.q_proj.kind == BLOCK_KIND[mode] and model.lm_head.kind == "q8_0"
     if mode in PACKED_MODES:
         assert attn.q_proj.bias is not None and attn.q_proj.bias.dtype == torch.float32  # qwen2's q/k/v biases
     else:
@@ -124,10 +131,13 @@ def test_q4_gguf_in_int4_keeps_the_files_weights(q4_1_engines):
         for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.down_proj"):
             layer = packed.model.layers[index].get_submodule(name)
             expected = reference.model.layers[index].get_submodule(name).weight.detach()
-            assert type(layer) is Int4Linear, name
-            scale = expected.abs().max()
-            torch.testing.assert_close(layer.dequantize().float(), expected, atol=0.02 * scale.item(), rtol=0)
-    assert type(packed.lm_head) is Int8Linear
+            assert type(layer) is INT4_TYPE, name
+            if NATIVE:  # the file's own blocks: exactly what transformers dequantises
+                torch.testing.assert_close(layer.dequantize(), expected, atol=0, rtol=0)
+            else:  # scales rounded to bfloat16 for torch's kernel
+                scale = expected.abs().max()
+                torch.testing.assert_close(layer.dequantize().float(), expected, atol=0.02 * scale.item(), rtol=0)
+    assert type(packed.lm_head) is W8_TYPE
     assert torch.equal(packed.model.embed_tokens.weight, reference.model.embed_tokens.weight)
 
 
@@ -168,10 +178,13 @@ def test_packed_gguf_load_makes_no_converted_copy(q4_ggufs, tmp_path, monkeypatc
     assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
 
 
-def test_q8_gguf_linear_weights_become_int8_rows(q4_ggufs):
+def test_q8_gguf_linear_weights_stay_8_bit(q4_ggufs):
     engine = Engine(EngineConfig(model=str(q4_ggufs["Q8_0"]), quantization="int4", num_kv_blocks=32))
-    assert type(engine.loaded.model.model.layers[0].mlp.up_proj) is Int8Linear
-    assert engine.loaded.warnings == []  # Q8_0 to int8 rows is no re-quantisation worth a warning
+    layer = engine.loaded.model.model.layers[0].mlp.up_proj
+    assert type(layer) is W8_TYPE
+    if NATIVE:
+        assert layer.kind == "q8_0"
+    assert engine.loaded.warnings == []  # Q8_0 kept, or as int8 rows: no re-quantisation worth a warning
 
 
 def test_packed_gguf_memory_matches_the_estimate(q4_1_engines, q4_ggufs):

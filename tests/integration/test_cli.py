@@ -17,11 +17,11 @@ def run_cli(*args, stdin=None):
 
 def test_generate_streams_and_reports_metrics():
     proc = run_cli("generate", "--device", "cpu", "--max-tokens", "12", "--temperature", "0", "--json",
-                   "What is the capital of France?")
+                   "What is the capital of Germany?")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     metrics = json.loads(lines[-1])
-    assert "Paris" in "\n".join(lines[:-1])
+    assert "Berlin" in "\n".join(lines[:-1])
     assert metrics["output_tokens"] > 0 and metrics["ttft_s"] > 0 and metrics["prompt_tokens"] > 10
 
 

@@ -20,7 +20,7 @@ def measured():
         else:
             engine.switch_model(config)
         stats[mode] = engine.stats()
-        replies[mode] = engine.generate([[{"role": "user", "content": "What is the capital of France?"}]],
+        replies[mode] = engine.generate([[{"role": "user", "content": "What is the capital of Germany?"}]],
                                         SamplingParams(max_tokens=12, temperature=0.0))[0].text
     return stats, replies
 
@@ -48,8 +48,10 @@ def test_every_mode_still_answers(measured):
     _, replies = measured
     for mode, text in replies.items():
         assert text.strip(), mode
-    assert "Paris" in replies["none"] and "Paris" in replies["int8"]
-    assert "Paris" in replies["int4"] and "Paris" in replies["w8"]
+    # a question this small model answers with a wide margin (for France, "The" and "L'" are 0.1 logits apart
+    # on the file's own weights, so which one wins depends on rounding, in llama.cpp too)
+    for mode in ("none", "int8", "int4", "w8"):
+        assert "Berlin" in replies[mode], mode
 
 
 def test_int4_is_the_cpu_default_for_the_q4_default_model(measured):

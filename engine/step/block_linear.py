@@ -1,0 +1,135 @@
+"""Linear layers that keep GGUF's own Q4_1 / Q8_0 blocks and multiply them on the native CPU kernels.
+
+A GGUF file's Q4_1 and Q8_0 tensors are used byte for byte, Q4_0 becomes Q4_1 exactly (``(q - 8) d`` is
+``d q + m`` with ``m = -8 d``), and float weights (safetensors models, other GGUF types) are quantised into
+the same blocks at load, as llama.cpp's quantiser does. The arithmetic is llama.cpp's too: see
+``kernels/block_quant.cpp``. Where the kernels can't be built, the packed layers of :mod:`.packed_linear`
+take their place (see :func:`engine.step.quantization.packed_layer`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import kernels
+
+BLOCK = 32  # weights per block
+BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # float16 d, [float16 m,] codes
+GGUF_KINDS = {"Q4_0": "q4_1", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # what each GGUF type is held as
+
+
+class BlockQuantLinear(nn.Module):
+    """``y = x W^T (+ b)`` with ``W`` stored as Q4_1 or Q8_0 blocks ``[out_features, in_features / 32 * bytes]``."""
+
+    def __init__(self, kind: str, in_features: int, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not kernels.available():
+            raise RuntimeError(f"block-quantised layers need the native kernels: {kernels.status().detail}")
+        if kind not in BLOCK_BYTES or in_features % BLOCK:
+            raise ValueError(f"no {kind!r} blocks for {in_features} input features")
+        if blocks.dtype != torch.uint8 or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[kind]:
+            raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not hold {in_features} features a row")
+        self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
+        self._op = getattr(torch.ops.kvasir_kernels, f"{kind}_linear")
+        self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, kind: str, bias: torch.Tensor | None = None) -> BlockQuantLinear:
+        """Quantise a float ``weight`` [out, in] into ``kind`` blocks."""
+        encode = quantize_q4_1 if kind == "q4_1" else quantize_q8_0
+        return cls(kind, weight.shape[1], encode(weight.detach().float().cpu()), bias)
+
+    @classmethod
+    def from_gguf(cls, data: np.ndarray, ggml_type: str, row_order: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None) -> BlockQuantLinear:
+        """A GGUF tensor's blocks (``[out, in / 32 * type bytes]`` uint8); ``row_order`` permutes output rows."""
+        kind = GGUF_KINDS[ggml_type]
+        raw = torch.from_numpy(np.array(data, dtype=np.uint8))
+        if ggml_type == "Q4_0":
+            raw = q4_0_as_q4_1(raw)
+        if row_order is not None:  # a row is one output feature with all its blocks: permuting rows is exact
+            raw = raw[row_order]
+        in_features = raw.shape[1] // BLOCK_BYTES[kind] * BLOCK
+        return cls(kind, in_features, raw, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        out = self._op(flat, self.blocks, self.in_features)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [out, in] the kernel multiplies by."""
+        return torch.ops.kvasir_kernels.dequantize(self.blocks, self.in_features, self.kind)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+def can_fuse(layers: list[nn.Module]) -> bool:
+    """Whether ``layers`` are block layers of one kind over the same inputs, all with biases or none."""
+    if len(layers) < 2 or any(type(layer) is not BlockQuantLinear for layer in layers):
+        return False
+    first = layers[0]
+    return all(layer.kind == first.kind and layer.in_features == first.in_features
+               and (layer.bias is None) == (first.bias is None) for layer in layers)
+
+
+def fuse(layers: list[BlockQuantLinear]) -> BlockQuantLinear:
+    """One layer computing ``layers`` side by side (their outputs concatenated); see :func:`can_fuse`.
+
+    The layers' blocks become views of the fused layer's, so nothing is held twice.
+    """
+    if not can_fuse(layers):
+        raise ValueError("these layers can't be fused")
+    first = layers[0]
+    bias = None if first.bias is None else torch.cat([layer.bias for layer in layers])
+    fused = BlockQuantLinear(first.kind, first.in_features, torch.cat([layer.blocks for layer in layers]), bias)
+    start = 0
+    for layer in layers:
+        layer.blocks = fused.blocks[start : start + layer.out_features]
+        start += layer.out_features
+    return fused
+
+
+def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:
+    """Q4_1 blocks of ``weight`` [out, in]: per 32 weights the minimum ``m`` and step ``d = (max - min) / 15``."""
+    rows, cols = weight.shape
+    groups = weight.reshape(rows, cols // BLOCK, BLOCK)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    d = ((high - low) / 15).to(torch.float16)
+    m = low.to(torch.float16)
+    # codes chosen for the float16 d and m the kernel will read
+    step = d.float().clamp(min=torch.finfo(torch.float16).tiny)
+    codes = ((groups - m.float()[..., None]) / step[..., None]).round().clamp(0, 15).to(torch.uint8)
+    nibbles = codes[..., :16] | (codes[..., 16:] << 4)
+    return torch.cat([_half_bytes(d), _half_bytes(m), nibbles], dim=-1).reshape(rows, -1)
+
+
+def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks of ``weight`` [out, in]: per 32 weights ``d = max |w| / 127`` and codes in [-127, 127]."""
+    rows, cols = weight.shape
+    groups = weight.reshape(rows, cols // BLOCK, BLOCK)
+    d = (groups.abs().amax(dim=-1) / 127).to(torch.float16)
+    step = d.float()
+    codes = torch.where(step[..., None] > 0, groups / step.clamp(min=1e-30)[..., None], 0.0)
+    codes = codes.round().clamp(-127, 127).to(torch.int8).view(torch.uint8)
+    return torch.cat([_half_bytes(d), codes], dim=-1).reshape(rows, -1)
+
+
+def q4_0_as_q4_1(raw: torch.Tensor) -> torch.Tensor:
+    """Q4_0 blocks (float16 d, 16 bytes of codes; ``(q - 8) d``) as Q4_1 blocks with ``m = -8 d`` (exact)."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 18)
+    d = blocks[..., :2].contiguous().view(torch.float16)[..., 0]
+    m = (d.float() * -8).to(torch.float16)  # a power-of-two multiple: exact unless it overflows float16
+    return torch.cat([blocks[..., :2], _half_bytes(m), blocks[..., 2:]], dim=-1).reshape(rows, -1)
+
+
+def _half_bytes(values: torch.Tensor) -> torch.Tensor:
+    """float16 values [..., n] as their little-endian bytes [..., n, 2] -> flattened to [..., 2] per value."""
+    return values.contiguous().view(torch.uint8).reshape(*values.shape, 2)

@@ -1,0 +1,126 @@
+"""Native CPU kernels for the decode step, built once per machine and torch version.
+
+``block_quant.cpp`` multiplies activations by GGUF's Q4_1 and Q8_0 blocks as llama.cpp does (activations
+quantised to 8 bits per 32 values, integer dot products, AVX2 where the CPU has it); ``layer_ops.cpp`` holds
+the rest of a llama-family layer (RMSNorm, rotary embedding, gated activation, paged decode attention), each
+one pass instead of many dispatched torch operations. They are compiled with the
+system's C++ compiler against the installed torch into the user cache folder the first time it is needed (about
+half a minute; ``python -m engine.step.kernels`` does it ahead of time, and ``make install`` calls that), then
+loaded in a fraction of a second. Without a compiler the engine keeps torch's own packed kernels
+(:mod:`engine.step.packed_linear`), slower on CPUs without AVX-512, and :func:`status` says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCES = [Path(__file__).with_name(name) for name in ("block_quant.cpp", "layer_ops.cpp")]
+LIBRARY_NAMESPACE = "kvasir_kernels"
+COMPILE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True, slots=True)
+class KernelStatus:
+    """Whether the native kernels are loaded, and why not when they aren't."""
+
+    available: bool
+    detail: str  # "AVX2" / "portable C++" when available, else the reason
+
+
+_lock = threading.Lock()
+_status: KernelStatus | None = None
+
+
+def status() -> KernelStatus:
+    """Load the kernels (building them first if this machine has no copy yet); never raises."""
+    global _status
+    with _lock:
+        if _status is None:
+            _status = _load()
+        return _status
+
+
+def available() -> bool:
+    return status().available
+
+
+def is_ready() -> bool:
+    """Whether :func:`status` would answer at once (the kernels are loaded, or known to be unavailable)."""
+    return _status is not None or _library_path(_simd_flags()).exists()
+
+
+def _load() -> KernelStatus:
+    if os.environ.get("KVASIR_NATIVE_KERNELS", "1") == "0":
+        return KernelStatus(False, "turned off by KVASIR_NATIVE_KERNELS=0")
+    if sys.platform == "win32":
+        return KernelStatus(False, "not built on Windows yet")
+    simd = _simd_flags()
+    library = _library_path(simd)
+    try:
+        if not library.exists():
+            _build(library, simd)
+        torch.ops.load_library(str(library))
+    except Exception as exc:  # a missing compiler, a failed build: the torch kernels take over
+        return KernelStatus(False, f"native kernels unavailable ({_short(exc)})")
+    return KernelStatus(True, "AVX2" if simd else "portable C++")
+
+
+def _simd_flags() -> list[str]:
+    """AVX2 code where torch itself detected AVX2 or better on this CPU (x86-64 only)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if platform.machine().lower() in ("x86_64", "amd64") and capability in ("AVX2", "AVX512"):
+        return ["-mavx2", "-mfma", "-mf16c"]
+    return []
+
+
+def _library_path(simd: list[str]) -> Path:
+    """One build per source text, torch version, compiler flags and Python ABI, in the user cache."""
+    from platformdirs import user_cache_path
+
+    key = hashlib.sha256(
+        b"\0".join([*(source.read_bytes() for source in SOURCES), torch.__version__.encode(), " ".join(simd).encode(),
+                    sys.implementation.cache_tag.encode()])
+    ).hexdigest()[:16]
+    suffix = ".dylib" if sys.platform == "darwin" else ".so"
+    return user_cache_path("Kvasir") / "kernels" / f"kvasir_kernels-{key}{suffix}"
+
+
+def _build(library: Path, simd: list[str]) -> None:
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (install g++ or clang)")
+    torch_lib = Path(torch.__file__).parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [
+        compiler, *map(str, SOURCES), "-o", "{output}", "-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *simd,
+        *[f"-I{path}" for path in cpp_extension.include_paths()],
+        f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
+    ]
+    library.parent.mkdir(parents=True, exist_ok=True)
+    staging = library.with_name(f"{library.name}.{os.getpid()}.tmp")
+    command[command.index("{output}")] = str(staging)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"the compiler failed: {done.stderr.strip()[-500:]}")
+        os.replace(staging, library)  # atomic: another process never loads half a library
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]

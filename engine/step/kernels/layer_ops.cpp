@@ -1,0 +1,194 @@
+// The small operations of a llama-family decoder layer, each in one pass over its data, for the CPU step:
+// RMSNorm (with the residual add before it), rotary embedding of the queries and keys in place, SiLU-gated
+// MLP activation, and attention of one new token per sequence over its blocks in the paged KV cache. In eager
+// torch each of these is five to twenty dispatched operations, which cost more than their arithmetic at one
+// token per step.
+//
+// Registered as torch.ops.kvasir_kernels.*; see kernels/__init__.py and step/native_decoder.py.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.stride(1) == 1,
+              name, " must be a float32 matrix with contiguous rows");
+}
+
+// Sum of a[j] * b[j], in eight independent partial sums the compiler can keep in one vector register.
+inline float dot(const float* a, const float* b, int64_t n) {
+  float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int u = 0; u < 8; ++u) partial[u] += a[j + u] * b[j + u];
+  }
+  float total = 0.f;
+  for (; j < n; ++j) total += a[j] * b[j];
+  for (int u = 0; u < 8; ++u) total += partial[u];
+  return total;
+}
+
+void normalize_row(const float* x, const float* weight, float eps, int64_t n, float* out) {
+  const float mean_square = dot(x, x, n) / static_cast<float>(n);
+  const float inverse = 1.f / std::sqrt(mean_square + eps);
+  for (int64_t j = 0; j < n; ++j) out[j] = weight[j] * (x[j] * inverse);
+}
+
+// weight * x / sqrt(mean(x^2) + eps), row by row
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat && weight.numel() == x.size(1),
+              "weight must be float32 with one value per feature");
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      normalize_row(x.data_ptr<float>() + r * x.stride(0), weight.data_ptr<float>(), static_cast<float>(eps), n,
+                    out.data_ptr<float>() + r * n);
+    }
+  });
+  return out;
+}
+
+// residual += x, then the RMSNorm of the new residual
+at::Tensor add_rms_norm_(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  TORCH_CHECK(residual.is_contiguous() && residual.sizes() == x.sizes(), "residual must match x and be contiguous");
+  float* res = residual.data_ptr<float>();
+  const int64_t rows = x.size(0), n = x.size(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* add = x.data_ptr<float>() + r * x.stride(0);
+    for (int64_t j = 0; j < n; ++j) res[r * n + j] += add[j];
+  }
+  return rms_norm(residual, weight, eps);
+}
+
+// Rotary embedding in place on the query and key heads of a fused QKV projection [T, (H + 2 KH) * D]
+// (queries, then keys, then values): x * cos + rotate_half(x) * sin, as transformers computes it.
+void rotary_qk_(at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos, const at::Tensor& sin) {
+  check_rows(qkv, "qkv");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes() &&
+                  cos.size(0) == qkv.size(0), "cos and sin must be contiguous [T, head_dim]");
+  const int64_t dim = cos.size(1), half = dim / 2;
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv does not hold heads + 2 kv_heads of head_dim");
+  const int64_t rotated_heads = heads + kv_heads;
+  at::parallel_for(0, qkv.size(0), 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> low(half);
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cos.data_ptr<float>() + t * dim;
+      const float* s = sin.data_ptr<float>() + t * dim;
+      float* row = qkv.data_ptr<float>() + t * qkv.stride(0);
+      for (int64_t h = 0; h < rotated_heads; ++h) {
+        float* x = row + h * dim;
+        for (int64_t j = 0; j < half; ++j) low[j] = x[j];
+        for (int64_t j = 0; j < half; ++j) x[j] = x[j] * c[j] - x[j + half] * s[j];
+        for (int64_t j = 0; j < half; ++j) x[j + half] = x[j + half] * c[j + half] + low[j] * s[j + half];
+      }
+    }
+  });
+}
+
+// silu(gate) * up for gate_up = [T, 2 I] (gate first)
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, n}, gate_up.options());
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = gate_up.data_ptr<float>() + r * gate_up.stride(0);
+      const float* up = gate + n;
+      float* o = out.data_ptr<float>() + r * n;
+      for (int64_t j = 0; j < n; ++j) o[j] = gate[j] / (1.f + std::exp(-gate[j])) * up[j];
+    }
+  });
+  return out;
+}
+
+// One new query token per sequence, attended over that sequence's first `lengths[b]` cached positions.
+// query: [B, H * D] (rows may be strided), caches: [blocks, block_size, KH, D], block_tables: [B, W] int64.
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& lengths, int64_t heads,
+                                  double scale) {
+  check_rows(query, "query");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.dim() == 4 &&
+                  key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == at::kFloat,
+              "caches must be contiguous float32 [blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong && block_tables.dim() == 2 &&
+                  lengths.is_contiguous() && lengths.scalar_type() == at::kLong &&
+                  lengths.numel() == query.size(0) && block_tables.size(0) == query.size(0),
+              "block_tables [B, W] and lengths [B] must be contiguous int64");
+  const int64_t batch = query.size(0), block_size = key_cache.size(1), kv_heads = key_cache.size(2);
+  const int64_t dim = key_cache.size(3), group = heads / kv_heads, width = block_tables.size(1);
+  TORCH_CHECK(heads % kv_heads == 0 && query.size(1) == heads * dim, "query does not hold heads * head_dim");
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "sequence length out of its block table");
+  }
+  at::Tensor out = at::empty({batch, heads * dim}, query.options());
+  const float* keys = key_cache.data_ptr<float>();
+  const float* values = value_cache.data_ptr<float>();
+  const int64_t num_blocks = key_cache.size(0);
+
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / kv_heads, g = task % kv_heads, length = lens[b];
+      const int64_t* table = tables + b * width;
+      const float* q = query.data_ptr<float>() + b * query.stride(0) + g * group * dim;
+      float* o = out.data_ptr<float>() + b * heads * dim + g * group * dim;
+      scores.assign(static_cast<size_t>(group * length), 0.f);
+      for (int64_t pos = 0; pos < length; ++pos) {
+        const int64_t block = table[pos / block_size];
+        TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
+        const float* k = keys + ((block * block_size + pos % block_size) * kv_heads + g) * dim;
+        for (int64_t h = 0; h < group; ++h) scores[h * length + pos] = dot(q + h * dim, k, dim) * scale;
+      }
+      for (int64_t h = 0; h < group; ++h) {
+        float* row = scores.data() + h * length;
+        const float top = *std::max_element(row, row + length);
+        float total = 0.f;
+        for (int64_t pos = 0; pos < length; ++pos) total += (row[pos] = std::exp(row[pos] - top));
+        for (int64_t pos = 0; pos < length; ++pos) row[pos] /= total;
+      }
+      std::fill(o, o + group * dim, 0.f);
+      for (int64_t pos = 0; pos < length; ++pos) {
+        const int64_t block = table[pos / block_size];
+        const float* v = values + ((block * block_size + pos % block_size) * kv_heads + g) * dim;
+        for (int64_t h = 0; h < group; ++h) {
+          const float p = scores[h * length + pos];
+          float* oh = o + h * dim;
+          for (int64_t j = 0; j < dim; ++j) oh[j] += p * v[j];
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kvasir_kernels, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm_(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rotary_qk_(Tensor(a!) qkv, int heads, int kv_heads, Tensor cos, Tensor sin) -> ()");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
+        "Tensor lengths, int heads, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {
+  m.impl("rms_norm", rms_norm);
+  m.impl("add_rms_norm_", add_rms_norm_);
+  m.impl("rotary_qk_", rotary_qk_);
+  m.impl("silu_mul", silu_mul);
+  m.impl("paged_decode_attention", paged_decode_attention);
+}

@@ -1,0 +1,114 @@
+"""The CPU step for llama-family models whose linear layers are native Q4_1 / Q8_0 block layers.
+
+At one token per sequence a step is mostly small operations, so this runs each layer in eleven calls: the
+fused QKV and gate-up projections (one block matrix each, see :func:`.block_linear.fuse`), RMSNorm with the
+residual add, rotary embedding in place, the gated activation and paged decode attention from
+``kernels/layer_ops.cpp``; prefill chunks attend through torch's SDPA as in :mod:`.attention`. The
+arithmetic is transformers' (the same formulas), computed in a different order, so it is tested against the
+lean decoder's logits with a tolerance rather than token for token; float models keep the exact paths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+from .attention import GroupMetadata, StepMetadata, _attend_group
+from .block_linear import BlockQuantLinear, can_fuse, fuse
+from .lean_decoder import lean_decoder_for
+
+
+def native_decoder_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> NativeDecoder | None:
+    """A :class:`NativeDecoder` over ``model`` where every piece has a native kernel, else None."""
+    if device.type != "cpu" or dtype != torch.float32 or lean_decoder_for(model) is None or not kernels.available():
+        return None
+    layers = model.model.layers
+    if any(getattr(layer.self_attn, "q_norm", None) is not None for layer in layers):
+        return None  # per-head query and key norms (qwen3): the lean decoder computes those
+    if type(model.lm_head) is not BlockQuantLinear or not all(_fusable(layer) for layer in layers):
+        return None
+    return NativeDecoder(model)
+
+
+def _fusable(layer: torch.nn.Module) -> bool:
+    attention, mlp = layer.self_attn, layer.mlp
+    return (can_fuse([attention.q_proj, attention.k_proj, attention.v_proj]) and can_fuse([mlp.gate_proj, mlp.up_proj])
+            and type(attention.o_proj) is BlockQuantLinear and type(mlp.down_proj) is BlockQuantLinear)
+
+
+class NativeDecoder:
+    """Runs the model on one packed row of tokens; returns the logits of the rows in ``sample_index``."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        inner = model.model
+        self.embed_tokens, self.rotary_emb, self.lm_head = inner.embed_tokens, inner.rotary_emb, model.lm_head
+        self.final_norm = _norm(inner.norm)
+        self.layers = [_NativeLayer(layer, index) for index, layer in enumerate(inner.layers)]
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata, sample_index: torch.Tensor) -> torch.Tensor:
+        ops = torch.ops.kvasir_kernels
+        residual = self.embed_tokens(input_ids).contiguous()  # [T, hidden]
+        cos, sin = self.rotary_emb(residual[None], meta.positions[None])
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [T, head_dim]
+        normed = ops.rms_norm(residual, *self.layers[0].input_norm)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            normed = ops.add_rms_norm_(residual, layer.attention(normed, cos, sin, meta), *layer.post_norm)
+            mlp = layer.down_proj(ops.silu_mul(layer.gate_up(normed)))
+            if index < last:
+                normed = ops.add_rms_norm_(residual, mlp, *self.layers[index + 1].input_norm)
+            else:
+                residual += mlp
+        return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm))
+
+
+def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    """An RMSNorm module's weight (float32, contiguous) and epsilon."""
+    return module.weight.detach().float().contiguous(), float(module.variance_epsilon)
+
+
+class _NativeLayer:
+    def __init__(self, layer: torch.nn.Module, index: int) -> None:
+        attention, mlp = layer.self_attn, layer.mlp
+        self.index = index
+        self.input_norm, self.post_norm = _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm)
+        self.qkv = fuse([attention.q_proj, attention.k_proj, attention.v_proj])
+        self.gate_up = fuse([mlp.gate_proj, mlp.up_proj])
+        self.o_proj, self.down_proj = attention.o_proj, mlp.down_proj
+        self.head_dim, self.scaling = attention.head_dim, attention.scaling
+        self.heads = attention.q_proj.out_features // self.head_dim
+        self.kv_heads = attention.k_proj.out_features // self.head_dim
+
+    def attention(self, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: StepMetadata):
+        qkv = self.qkv(normed)  # [T, (heads + 2 kv_heads) * head_dim]
+        torch.ops.kvasir_kernels.rotary_qk_(qkv, self.heads, self.kv_heads, cos, sin)
+        tokens, q_width, kv_width = qkv.shape[0], self.heads * self.head_dim, self.kv_heads * self.head_dim
+        cache = meta.kv_cache
+        key = qkv[:, q_width : q_width + kv_width].view(tokens, self.kv_heads, self.head_dim)
+        value = qkv[:, q_width + kv_width :].view(tokens, self.kv_heads, self.head_dim)
+        cache.flat_keys[self.index].index_copy_(0, meta.slot_mapping, key)
+        cache.flat_values[self.index].index_copy_(0, meta.slot_mapping, value)
+        query = qkv[:, :q_width]
+        decode, prefill = meta.decode, meta.prefill
+        if prefill is None and decode.is_whole_step:
+            return self.o_proj(self._decode(query, decode, cache))
+        out = torch.empty(tokens, q_width, dtype=qkv.dtype)
+        if decode is not None:
+            rows = decode.query_index.view(-1)
+            out[rows] = self._decode(query.index_select(0, rows), decode, cache)
+        if prefill is not None:
+            queries = query.reshape(tokens, self.heads, self.head_dim)
+            attended = _attend_group(queries, cache.keys[self.index], cache.values[self.index], prefill, self.scaling)
+            if prefill.query_valid is None:
+                out[prefill.query_index.view(-1)] = attended.reshape(-1, q_width)
+            else:
+                out[prefill.query_index[prefill.query_valid]] = attended[prefill.query_valid].reshape(-1, q_width)
+        return self.o_proj(out)
+
+    def _decode(self, query: torch.Tensor, group: GroupMetadata, cache) -> torch.Tensor:
+        tables = group.kv_blocks.view(group.kv_lengths.numel(), -1)
+        return torch.ops.kvasir_kernels.paged_decode_attention(
+            query, cache.keys[self.index], cache.values[self.index], tables, group.kv_lengths, self.heads,
+            self.scaling,
+        )

@@ -1,0 +1,171 @@
+"""The native CPU kernels compute what their torch formulas compute; block layers hold GGUF's blocks exactly."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import Engine, EngineConfig
+from engine.step import kernels
+from engine.step.attention import SequenceSlice, build_metadata
+from engine.step.block_linear import BlockQuantLinear, fuse, quantize_q4_1, quantize_q8_0
+from engine.step.lean_decoder import _rotate, lean_decoder_for
+from engine.step.native_decoder import NativeDecoder
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.status().detail)
+ops = torch.ops.kvasir_kernels
+
+
+def _round_away(x: torch.Tensor) -> torch.Tensor:
+    """C's round(): halves away from zero (torch.round rounds them to even)."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def _reference_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T with x quantised to int8 per 32 values, as llama.cpp and the kernels do (float64 sums)."""
+    rows, cols = x.shape
+    groups = x.reshape(rows, cols // 32, 32)
+    d = groups.abs().amax(-1, keepdim=True) / 127
+    codes = torch.where(d > 0, _round_away(groups / d.clamp(min=1e-30)), 0.0)
+    return (codes * d).reshape(rows, cols).double() @ weight.double().t()
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_block_linear_equals_its_formula(kind, rows):
+    torch.manual_seed(rows)
+    layer = BlockQuantLinear.from_float(torch.randn(80, 96), kind, bias=torch.randn(80))
+    x = torch.randn(2, rows, 96)
+    weight = layer.dequantize()
+    got = layer(x)
+    want = _reference_linear(x.reshape(-1, 96), weight).float().reshape(2, rows, 80) + layer.bias
+    assert got.shape == (2, rows, 80)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # and the activation rounding is the only difference from a float matmul: under 1% of the output's size
+    exact = x @ weight.t() + layer.bias
+    assert float((got - exact).norm() / exact.norm()) < 0.01
+
+
+@pytest.mark.parametrize("kind, encode, max_step", [("q4_1", quantize_q4_1, 15), ("q8_0", quantize_q8_0, 254)])
+def test_quantising_float_weights_is_within_half_a_step(kind, encode, max_step):
+    torch.manual_seed(0)
+    weight = torch.randn(48, 64) * torch.linspace(0.01, 3, 48)[:, None]  # rows of very different ranges
+    layer = BlockQuantLinear(kind, 64, encode(weight))
+    groups = weight.reshape(48, 2, 32)
+    step = (groups.amax(-1) - groups.amin(-1)) / max_step if kind == "q4_1" else groups.abs().amax(-1) / 127
+    error = (layer.dequantize() - weight).abs().reshape(48, 2, 32).amax(-1)
+    assert bool((error <= step * 0.5 * 1.01 + 1e-6).all())
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_are_used_as_they_are(ggml_type):
+    from gguf import GGMLQuantizationType, dequantize, quantize
+
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((32, 64)).astype(np.float32)
+    qtype = GGMLQuantizationType[ggml_type]
+    blocks = quantize(weight, qtype)
+    layer = BlockQuantLinear.from_gguf(blocks, ggml_type)
+    assert layer.kind == ("q8_0" if ggml_type == "Q8_0" else "q4_1")
+    np.testing.assert_array_equal(layer.dequantize().numpy(), dequantize(blocks, qtype))
+    order = torch.from_numpy(rng.permutation(32))
+    moved = BlockQuantLinear.from_gguf(blocks, ggml_type, row_order=order)
+    torch.testing.assert_close(moved.dequantize(), layer.dequantize()[order], rtol=0, atol=0)
+
+
+def test_fused_layers_share_their_blocks():
+    torch.manual_seed(2)
+    parts = [BlockQuantLinear.from_float(torch.randn(n, 64), "q4_1", torch.randn(n)) for n in (64, 32, 32)]
+    x = torch.randn(5, 64)
+    separate = torch.cat([p(x) for p in parts], dim=-1)
+    fused = fuse(parts)
+    torch.testing.assert_close(fused(x), separate, rtol=0, atol=0)
+    start = fused.blocks.untyped_storage().data_ptr()
+    assert all(p.blocks.untyped_storage().data_ptr() == start for p in parts)  # views, not copies
+    torch.testing.assert_close(torch.cat([p(x) for p in parts], dim=-1), separate, rtol=0, atol=0)
+    with pytest.raises(ValueError):
+        fuse([parts[0], BlockQuantLinear.from_float(torch.randn(32, 64), "q8_0")])
+
+
+def test_bad_inputs_are_refused_in_words():
+    layer = BlockQuantLinear.from_float(torch.randn(32, 64), "q4_1")
+    with pytest.raises(RuntimeError, match="features"):
+        ops.q4_1_linear(torch.randn(2, 32), layer.blocks, 64)
+    with pytest.raises(ValueError, match="blocks"):
+        BlockQuantLinear("q4_1", 96, layer.blocks)
+
+
+def test_norms_and_activation_equal_their_formulas():
+    torch.manual_seed(3)
+    x, residual, weight = torch.randn(7, 96), torch.randn(7, 96), torch.randn(96)
+
+    def rms(v):
+        return weight * (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-5))
+
+    torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5), rms(x), rtol=1e-5, atol=1e-5)
+    expected_residual = residual + x
+    normed = ops.add_rms_norm_(residual, x, weight, 1e-5)
+    torch.testing.assert_close(residual, expected_residual, rtol=0, atol=0)  # added in place
+    torch.testing.assert_close(normed, rms(expected_residual), rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(7, 64)
+    torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate_up[:, :32]) * gate_up[:, 32:], rtol=1e-5, atol=1e-6)
+
+
+def test_rotary_equals_transformers_formula():
+    torch.manual_seed(4)
+    tokens, heads, kv_heads, dim = 5, 4, 2, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim)
+    angles = torch.rand(tokens, dim // 2) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    q = qkv[:, : heads * dim].reshape(tokens, heads, dim).transpose(0, 1)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(tokens, kv_heads, dim).transpose(0, 1)
+    want_q, want_k = _rotate(q, k, cos, sin)
+    values = qkv[:, (heads + kv_heads) * dim :].clone()
+    ops.rotary_qk_(qkv, heads, kv_heads, cos, sin)
+    torch.testing.assert_close(qkv[:, : heads * dim], want_q.transpose(0, 1).reshape(tokens, -1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(qkv[:, heads * dim : (heads + kv_heads) * dim],
+                               want_k.transpose(0, 1).reshape(tokens, -1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(qkv[:, (heads + kv_heads) * dim :], values, rtol=0, atol=0)  # values untouched
+
+
+def test_paged_decode_attention_equals_sdpa_over_each_sequences_blocks():
+    torch.manual_seed(5)
+    blocks, block_size, kv_heads, heads, dim = 12, 4, 2, 6, 8
+    keys, values = torch.randn(blocks, block_size, kv_heads, dim), torch.randn(blocks, block_size, kv_heads, dim)
+    tables = torch.tensor([[7, 2, 9, 0], [3, 11, 0, 0], [5, 0, 0, 0]])
+    lengths = torch.tensor([14, 6, 1])
+    query = torch.randn(3, heads * dim)
+    got = ops.paged_decode_attention(query, keys, values, tables, lengths, heads, 0.3)
+    for b in range(3):
+        k = keys[tables[b]].reshape(-1, kv_heads, dim)[: lengths[b]].repeat_interleave(heads // kv_heads, 1)
+        v = values[tables[b]].reshape(-1, kv_heads, dim)[: lengths[b]].repeat_interleave(heads // kv_heads, 1)
+        q = query[b].view(heads, 1, dim)
+        want = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), scale=0.3)
+        torch.testing.assert_close(got[b], want.reshape(-1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="length"):
+        ops.paged_decode_attention(query, keys, values, tables, torch.tensor([14, 6, 17]), heads, 0.3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@torch.inference_mode()
+def test_native_step_matches_the_lean_step_on_the_same_blocks(tiny_model_dirs, arch):
+    engine = Engine(EngineConfig(model=str(tiny_model_dirs[arch]), num_kv_blocks=16, quantization="int4"))
+    runner = engine.runner
+    assert isinstance(runner.lean, NativeDecoder)
+    lean = lean_decoder_for(engine.loaded.model)
+    ids = torch.tensor(engine.encode_prompt("native kernels against the lean decoder, prefill and decode"))
+    n = len(ids)
+    for step, slices, rows in [
+        ("prefill", [SequenceSlice(0, 0, n - 1, [3, 4])], [n // 2, n - 2]),
+        ("decode", [SequenceSlice(0, n - 1, n, [3, 4])], [0]),
+    ]:
+        step_ids = ids[: n - 1] if step == "prefill" else ids[n - 1 :]
+        results = []
+        for decoder in (runner.lean, lean):
+            meta = build_metadata(runner.kv_cache, slices, runner.device, "torch", torch.float32)
+            results.append(decoder(step_ids, meta, torch.tensor(rows)))
+        native, reference = results
+        assert native.shape == (len(rows), engine.loaded.model.config.vocab_size)
+        # the same arithmetic in another order; activations rounded to 8 bits can move by one step
+        assert float((native - reference).abs().max()) < 0.02 * float(reference.abs().max())
+        assert native.argmax(-1).tolist() == reference.argmax(-1).tolist()
