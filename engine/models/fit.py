@@ -23,7 +23,7 @@ INT4_BYTES_PER_WEIGHT = 20 / 32
 # packed 8-bit: Q8_0 blocks, a byte a weight and a float16 scale per 32 (torch's int8 rows are 6% smaller)
 W8_BYTES_PER_WEIGHT = 34 / 32
 MIN_CONTEXT_TOKENS = 256  # refuse a configuration that leaves less KV room than this
-MEMORY_SHARE = 0.9  # of the free memory the weights may take
+MEMORY_SHARE = 0.9  # of the free memory that weights and KV cache may take together
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +40,14 @@ class FitEstimate:
     kv_tokens: int  # tokens of KV cache the engine will allocate beside the weights (kv_cache_blocks)
     context_length: int
     max_concurrent_full_context: int
+    kv_size_set: bool = False  # the configuration sets the cache's size itself (num_kv_blocks, kv_cache_memory)
 
     @property
     def fits(self) -> bool:
-        return self.weight_bytes <= self.available_bytes * MEMORY_SHARE and self.kv_tokens >= MIN_CONTEXT_TOKENS
+        """Weights and cache within the free memory, and (unless sized by hand) room for a useful context."""
+        needed = self.weight_bytes + self.kv_tokens * self.kv_bytes_per_token
+        enough_context = self.kv_size_set or self.kv_tokens >= MIN_CONTEXT_TOKENS
+        return needed <= self.available_bytes * MEMORY_SHARE and enough_context
 
     def summary(self) -> str:
         gib = 1024**3
@@ -138,4 +142,5 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
         kv_tokens=kv_tokens,
         context_length=context,
         max_concurrent_full_context=kv_tokens // context if context else 0,
+        kv_size_set=config.num_kv_blocks is not None or config.kv_cache_memory is not None,
     )
