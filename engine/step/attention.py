@@ -132,7 +132,7 @@ def _group_metadata(
     return GroupMetadata(
         query_index=query_index.to(device),
         query_valid=None if all_valid else query_valid.to(device),
-        kv_blocks=tables[:, :num_blocks].reshape(-1).to(device),
+        kv_blocks=tables[:, :num_blocks].contiguous().view(-1).to(device),
         kv_lengths=torch.tensor([s.end for s in slices]).to(device),
         kv_width=kv_width,
         first_block=_consecutive_start(slices[0].block_table[:num_blocks]) if len(slices) == 1 else None,

@@ -1,9 +1,10 @@
 """The CPU step for llama-family models whose linear layers are native Q4_1 / Q8_0 block layers.
 
-At one token per sequence a step is mostly small operations, so this runs each layer in eleven calls: the
-fused QKV and gate-up projections (one block matrix each, see :func:`.block_linear.fuse`), RMSNorm with the
-residual add, rotary embedding in place, the gated activation and paged decode attention from
-``kernels/layer_ops.cpp``; prefill chunks attend through torch's SDPA as in :mod:`.attention`. The
+At one token per sequence a step is mostly small operations. A decode step (every sequence one new token)
+runs all layers in one native call (``kernels/decode_step.cpp``); other steps run each layer in eleven calls:
+the fused QKV and gate-up projections (one block matrix each, see :func:`.block_linear.fuse`), RMSNorm with
+the residual add, rotary embedding in place, the gated activation and paged decode attention from
+``kernels/layer_ops.cpp``, with prefill chunks attending through torch's SDPA as in :mod:`.attention`. The
 arithmetic is transformers' (the same formulas), computed in a different order, so it is tested against the
 lean decoder's logits with a tolerance rather than token for token; float models keep the exact paths.
 """
@@ -44,6 +45,13 @@ class NativeDecoder:
         self.embed_tokens, self.rotary_emb, self.lm_head = inner.embed_tokens, inner.rotary_emb, model.lm_head
         self.final_norm = _norm(inner.norm)
         self.layers = [_NativeLayer(layer, index) for index, layer in enumerate(inner.layers)]
+        self._step_weights = [tensor for layer in self.layers for tensor in layer.step_weights()]
+        self._step_kinds = [kind for layer in self.layers for kind in layer.step_kinds()]
+        first = self.layers[0]
+        self._step_shape = (first.heads, first.kv_heads, first.input_norm[1], first.scaling)
+        # one call per decode step needs one shape, epsilon and scale for every layer (true of every llama file)
+        self._one_call = all((layer.heads, layer.kv_heads, layer.input_norm[1], layer.post_norm[1], layer.scaling)
+                             == (*self._step_shape[:3], first.input_norm[1], first.scaling) for layer in self.layers)
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, meta: StepMetadata, sample_index: torch.Tensor) -> torch.Tensor:
@@ -51,6 +59,12 @@ class NativeDecoder:
         residual = self.embed_tokens(input_ids).contiguous()  # [T, hidden]
         cos, sin = self.rotary_emb(residual[None], meta.positions[None])
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [T, head_dim]
+        decode = meta.decode
+        if self._one_call and meta.prefill is None and decode is not None and decode.is_whole_step:
+            tables = decode.kv_blocks.view(decode.kv_lengths.numel(), -1)
+            ops.decode_layers_(residual, cos, sin, meta.slot_mapping, tables, decode.kv_lengths, meta.kv_cache.keys,
+                               meta.kv_cache.values, self._step_weights, self._step_kinds, *self._step_shape)
+            return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm))
         normed = ops.rms_norm(residual, *self.layers[0].input_norm)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
@@ -61,6 +75,13 @@ class NativeDecoder:
             else:
                 residual += mlp
         return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm))
+
+
+_KIND_CODES = {"q4_1": 0, "q8_0": 1}  # decode_step.cpp's block kinds
+
+
+def _or(tensor: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
+    return default if tensor is None else tensor.detach().float().contiguous()
 
 
 def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
@@ -79,6 +100,16 @@ class _NativeLayer:
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
         self.heads = attention.q_proj.out_features // self.head_dim
         self.kv_heads = attention.k_proj.out_features // self.head_dim
+
+    def step_weights(self) -> list[torch.Tensor]:
+        """This layer's part of ``decode_layers_``'s weight list (empty tensors for missing biases)."""
+        none = torch.empty(0)
+        return [self.input_norm[0], self.qkv.blocks, _or(self.qkv.bias, none), self.o_proj.blocks,
+                _or(self.o_proj.bias, none), self.post_norm[0], self.gate_up.blocks, _or(self.gate_up.bias, none),
+                self.down_proj.blocks, _or(self.down_proj.bias, none)]
+
+    def step_kinds(self) -> list[int]:
+        return [_KIND_CODES[p.kind] for p in (self.qkv, self.o_proj, self.gate_up, self.down_proj)]
 
     def attention(self, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: StepMetadata):
         qkv = self.qkv(normed)  # [T, (heads + 2 kv_heads) * head_dim]

@@ -336,7 +336,7 @@ def peak_rss_bytes() -> int:
 
 def measure_kvasir(engine: Engine, chats, new_tokens: int, progress) -> tuple[dict, list]:
     """Every Kvasir figure; also the shared inputs the peers are given (system-prompt pairs, conversation turns)."""
-    from .evaluation import eval_text, perplexity
+    from .evaluation import chunked_perplexity, eval_text, perplexity
 
     text_ids = _tokens_of_text(engine)
     loads = kvasir_loads(engine, chats, new_tokens, progress)
@@ -346,6 +346,7 @@ def measure_kvasir(engine: Engine, chats, new_tokens: int, progress) -> tuple[di
               "system_prompt": kvasir_system_prompt(engine, pairs)}
     result["conversations"], turns = kvasir_conversations(engine)
     result["perplexity"] = {"perplexity": perplexity(engine, eval_text()), "context": 512}
+    result["perplexity_chunks"] = {"perplexity": chunked_perplexity(engine, eval_text()), "context": 512}
     result["max_rss_bytes"] = peak_rss_bytes()
     return result, [pairs, turns, greedy_replies(engine)]
 
@@ -459,7 +460,7 @@ def measure_llama(model: Path | None, chats, new_tokens: int, shared: list, thre
     batched = peers.batched_bench(model, tuple(chats), PROMPT_TOKENS, new_tokens, threads)
     with resources.as_file(resources.files("engine").joinpath("data/eval_text.txt")) as text_file:
         ppl = peers.perplexity(model, text_file, 512, threads)
-    result = {"build": peers.build_info(), "bench": bench, "batched": batched, "perplexity": ppl,
+    result = {"build": peers.build_info(), "bench": bench, "batched": batched, "perplexity_chunks": ppl,
               "loads": batched if "skipped" in batched else llama_loads(batched),
               "prompt": bench if "skipped" in bench else {
                   "prompt_tokens": PP_TOKENS, "prompt_tokens_per_s": bench["prompt_tokens_per_s"]}}

@@ -86,7 +86,10 @@ def other_table(report: dict) -> list[str]:
         ("  its prompt tokens from cache", "system_prompt", "cached_share", pct),
         ("8 chats x 4 turns: prompt tokens from cache", "conversations", "cached_share", pct),
         ("the same, turns 2-4 only", "conversations", "cached_share_later_turns", pct),
-        ("perplexity, shipped text, 512-token context", "perplexity", "perplexity", lambda v: f"{v:.2f}"),
+        ("perplexity, shipped text, 512-token chunks scored as llama-perplexity does", "perplexity_chunks",
+         "perplexity", lambda v: f"{v:.2f}"),
+        ("perplexity, 512-token window sliding by 256 (eval-quant's)", "perplexity", "perplexity",
+         lambda v: f"{v:.2f}"),
         ("Kvasir's greedy replies llama.cpp repeats (first 16 tokens)", "greedy_agreement", "identical", str),
         ("  their mean common prefix (tokens)", "greedy_agreement", "mean_common_prefix", _num),
     ]
@@ -111,8 +114,8 @@ def notes(report: dict) -> list[str]:
         "llama-server with its default slots, requests one at a time; memory is the peak of its runs.",
         "- transformers: `generate` for 1 chat, `generate_batch` beyond, on Kvasir's model object, prompt time "
         "included; its memory is the shared process's peak.",
-        "- Perplexity: Kvasir slides a 512-token window by 256 and scores every token; llama-perplexity scores the "
-        "second half of each 512-token chunk, on llama.cpp's Q4_1 kernels.",
+        "- Perplexity: the first row scores the second half of each whole 512-token chunk on both sides (each chunk "
+        "from BOS, as llama-perplexity does); the second row is Kvasir's eval-quant measure (every token scored).",
     ]
 
 

@@ -55,6 +55,33 @@ def perplexity(engine: Engine, text: str, window: int = WINDOW, stride: int = ST
     return math.exp(total_nll / counted)
 
 
+@torch.inference_mode()
+def chunked_perplexity(engine: Engine, text: str, context: int = WINDOW) -> float:
+    """Perplexity scored as llama.cpp's ``llama-perplexity`` scores it, so the two compare directly.
+
+    The text (with the model's BOS where it adds one) is cut into whole chunks of ``context`` tokens, each
+    evaluated on its own; only the second half of each chunk is scored, so every scored token has at least
+    half a chunk of context.
+    """
+    ids = engine.tokenizer.encode(text, add_special_tokens=True)
+    bos = engine.tokenizer.bos_token_id if ids and ids[0] == engine.tokenizer.bos_token_id else None
+    chunks = len(ids) // context
+    if chunks == 0:
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than one chunk of {context}")
+    model, first = engine.loaded.model, context // 2
+    total_nll, counted = 0.0, 0
+    with plain_attention(model):
+        for c in range(chunks):
+            chunk = ids[c * context:(c + 1) * context]
+            if bos is not None:
+                chunk = [bos, *chunk[1:]]  # as llama-perplexity does: every chunk starts at BOS
+            logits = model(torch.tensor([chunk], device=engine.device)).logits.float()[0]
+            targets = torch.tensor(chunk[first + 1:], device=engine.device)
+            nll = torch.nn.functional.cross_entropy(logits[first:-1], targets, reduction="sum")
+            total_nll, counted = total_nll + nll.item(), counted + len(targets)
+    return math.exp(total_nll / counted)
+
+
 def decode_speed(engine: Engine) -> float:
     params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, ignore_eos=True)
     out = engine.generate([[{"role": "user", "content": "Tell me about the history of paper."}]], params)[0]

@@ -169,3 +169,25 @@ def test_native_step_matches_the_lean_step_on_the_same_blocks(tiny_model_dirs, a
         # the same arithmetic in another order; activations rounded to 8 bits can move by one step
         assert float((native - reference).abs().max()) < 0.02 * float(reference.abs().max())
         assert native.argmax(-1).tolist() == reference.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@torch.inference_mode()
+def test_one_call_decode_step_equals_the_layer_by_layer_step(tiny_model_dirs, arch):
+    engine = Engine(EngineConfig(model=str(tiny_model_dirs[arch]), num_kv_blocks=16, quantization="int4"))
+    native = engine.runner.lean
+    assert native._one_call
+    prompts = [engine.encode_prompt(text) for text in ("a first sequence of words", "and a second, longer one here")]
+    for prompt, table in zip(prompts, ([1, 2], [5, 6])):  # fill the cache with each prompt but its last token
+        meta = build_metadata(engine.runner.kv_cache, [SequenceSlice(0, 0, len(prompt) - 1, table)], engine.device,
+                              "torch", torch.float32)
+        native(torch.tensor(prompt[:-1]), meta, torch.tensor([0]))
+    step = [SequenceSlice(0, len(prompts[0]) - 1, len(prompts[0]), [1, 2]),
+            SequenceSlice(1, len(prompts[1]) - 1, len(prompts[1]), [5, 6])]
+    ids = torch.tensor([prompts[0][-1], prompts[1][-1]])
+    results = []
+    for one_call in (True, False):
+        native._one_call = one_call
+        meta = build_metadata(engine.runner.kv_cache, step, engine.device, "torch", torch.float32)
+        results.append(native(ids, meta, torch.tensor([0, 1])))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)

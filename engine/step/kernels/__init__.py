@@ -3,7 +3,8 @@
 ``block_quant.cpp`` multiplies activations by GGUF's Q4_1 and Q8_0 blocks as llama.cpp does (activations
 quantised to 8 bits per 32 values, integer dot products, AVX2 where the CPU has it); ``layer_ops.cpp`` holds
 the rest of a llama-family layer (RMSNorm, rotary embedding, gated activation, paged decode attention), each
-one pass instead of many dispatched torch operations. They are compiled with the
+one pass instead of many dispatched torch operations; ``decode_step.cpp`` runs every layer of a decode step
+in one call. They are compiled with the
 system's C++ compiler against the installed torch into the user cache folder the first time it is needed (about
 half a minute; ``python -m engine.step.kernels`` does it ahead of time, and ``make install`` calls that), then
 loaded in a fraction of a second. Without a compiler the engine keeps torch's own packed kernels
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("block_quant.cpp", "layer_ops.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("block_quant.cpp", "layer_ops.cpp", "decode_step.cpp")]
+HEADER = Path(__file__).with_name("kernels.h")
 LIBRARY_NAMESPACE = "kvasir_kernels"
 COMPILE_TIMEOUT_S = 600
 
@@ -88,8 +90,8 @@ def _library_path(simd: list[str]) -> Path:
     from platformdirs import user_cache_path
 
     key = hashlib.sha256(
-        b"\0".join([*(source.read_bytes() for source in SOURCES), torch.__version__.encode(), " ".join(simd).encode(),
-                    sys.implementation.cache_tag.encode()])
+        b"\0".join([*(source.read_bytes() for source in [*SOURCES, HEADER]), torch.__version__.encode(),
+                    " ".join(simd).encode(), sys.implementation.cache_tag.encode()])
     ).hexdigest()[:16]
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
     return user_cache_path("Kvasir") / "kernels" / f"kvasir_kernels-{key}{suffix}"

@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,6 +43,10 @@ void normalize_row(const float* x, const float* weight, float eps, int64_t n, fl
   const float inverse = 1.f / std::sqrt(mean_square + eps);
   for (int64_t j = 0; j < n; ++j) out[j] = weight[j] * (x[j] * inverse);
 }
+
+}  // namespace
+
+namespace kvasir {
 
 // weight * x / sqrt(mean(x^2) + eps), row by row
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -174,7 +180,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   return out;
 }
 
-}  // namespace
+}  // namespace kvasir
 
 TORCH_LIBRARY_FRAGMENT(kvasir_kernels, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -186,9 +192,9 @@ TORCH_LIBRARY_FRAGMENT(kvasir_kernels, m) {
 }
 
 TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {
-  m.impl("rms_norm", rms_norm);
-  m.impl("add_rms_norm_", add_rms_norm_);
-  m.impl("rotary_qk_", rotary_qk_);
-  m.impl("silu_mul", silu_mul);
-  m.impl("paged_decode_attention", paged_decode_attention);
+  m.impl("rms_norm", kvasir::rms_norm);
+  m.impl("add_rms_norm_", kvasir::add_rms_norm_);
+  m.impl("rotary_qk_", kvasir::rotary_qk_);
+  m.impl("silu_mul", kvasir::silu_mul);
+  m.impl("paged_decode_attention", kvasir::paged_decode_attention);
 }

@@ -1,0 +1,18 @@
+// The native operations, callable from each other's C++ (the decode step calls the layer operations directly).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace kvasir {
+
+at::Tensor q4_1_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features);
+at::Tensor q8_0_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm_(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
+void rotary_qk_(at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& lengths, int64_t heads,
+                                  double scale);
+
+}  // namespace kvasir
