@@ -70,8 +70,9 @@ def test_a_peer_that_is_not_built_is_skipped_with_a_note(no_build):
 
 
 def test_the_benchmark_carries_on_without_llama_cpp(no_build):
-    result = measure_llama(no_build / "model.gguf", (1, 4), 8, [[], []], 2, progress=lambda m: None)
-    for part in ("bench", "batched", "perplexity", "loads", "prompt", "system_prompt", "conversations"):
+    result = measure_llama(no_build / "model.gguf", (1, 4), 8, [[], [], []], 2, progress=lambda m: None)
+    for part in ("bench", "batched", "perplexity_chunks", "loads", "prompt", "system_prompt", "conversations",
+                 "greedy_agreement"):
         assert "not built" in result[part]["skipped"]
     assert result["max_rss_bytes"] is None
 

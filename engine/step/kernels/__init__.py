@@ -124,5 +124,5 @@ def _build(library: Path, simd: list[str]) -> None:
 
 
 def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
+    cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}{cause}"[:400]

@@ -10,6 +10,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -198,6 +200,10 @@ at::Tensor block_linear(const at::Tensor& input, const at::Tensor& weight_blocks
   return output;
 }
 
+}  // namespace
+
+namespace kvasir {
+
 at::Tensor q4_1_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features) {
   return block_linear(input, weight_blocks, in_features, kQ4_1);
 }
@@ -240,7 +246,7 @@ at::Tensor dequantize(const at::Tensor& weight_blocks, int64_t in_features, c10:
   return output;
 }
 
-}  // namespace
+}  // namespace kvasir
 
 TORCH_LIBRARY(kvasir_kernels, m) {
   m.def("q4_1_linear(Tensor input, Tensor weight_blocks, int in_features) -> Tensor");
@@ -249,7 +255,7 @@ TORCH_LIBRARY(kvasir_kernels, m) {
 }
 
 TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {
-  m.impl("q4_1_linear", q4_1_linear);
-  m.impl("q8_0_linear", q8_0_linear);
-  m.impl("dequantize", dequantize);
+  m.impl("q4_1_linear", kvasir::q4_1_linear);
+  m.impl("q8_0_linear", kvasir::q8_0_linear);
+  m.impl("dequantize", kvasir::dequantize);
 }
