@@ -188,7 +188,7 @@ def paged_attention(
         for group in (kvasir.decode, kvasir.prefill):
             if group is None:
                 continue
-            attended = _attend_group(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], group, scaling)
+            attended = attend_group(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], group, scaling)
             if group.is_whole_step:
                 out = attended.reshape(q.shape)
                 continue
@@ -211,7 +211,7 @@ def _gather(cache: torch.Tensor, group: GroupMetadata) -> torch.Tensor:
     return per_sequence.transpose(1, 2)
 
 
-def _attend_group(
+def attend_group(
     q: torch.Tensor,
     cache_k: torch.Tensor,
     cache_v: torch.Tensor,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .attention import GroupMetadata, StepMetadata, _attend_group
+from .attention import GroupMetadata, StepMetadata, attend_group
 from .block_linear import BlockQuantLinear, can_fuse, fuse
 from .lean_decoder import lean_decoder_for
 
@@ -50,8 +50,9 @@ class NativeDecoder:
         first = self.layers[0]
         self._step_shape = (first.heads, first.kv_heads, first.input_norm[1], first.scaling)
         # one call per decode step needs one shape, epsilon and scale for every layer (true of every llama file)
-        self._one_call = all((layer.heads, layer.kv_heads, layer.input_norm[1], layer.post_norm[1], layer.scaling)
-                             == (*self._step_shape[:3], first.input_norm[1], first.scaling) for layer in self.layers)
+        shapes = {(layer.heads, layer.kv_heads, layer.input_norm[1], layer.post_norm[1], layer.scaling)
+                  for layer in self.layers}
+        self._one_call = len(shapes) == 1 and first.input_norm[1] == first.post_norm[1]
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, meta: StepMetadata, sample_index: torch.Tensor) -> torch.Tensor:
@@ -130,7 +131,7 @@ class _NativeLayer:
             out[rows] = self._decode(query.index_select(0, rows), decode, cache)
         if prefill is not None:
             queries = query.reshape(tokens, self.heads, self.head_dim)
-            attended = _attend_group(queries, cache.keys[self.index], cache.values[self.index], prefill, self.scaling)
+            attended = attend_group(queries, cache.keys[self.index], cache.values[self.index], prefill, self.scaling)
             if prefill.query_valid is None:
                 out[prefill.query_index.view(-1)] = attended.reshape(-1, q_width)
             else:
