@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import EngineConfig
@@ -46,8 +48,8 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         dims = (num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
-        self.keys = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
-        self.values = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+        self.keys = [_zeros(dims, shape.dtype, device) for _ in range(shape.num_layers)]
+        self.values = [_zeros(dims, shape.dtype, device) for _ in range(shape.num_layers)]
         flat = (num_blocks * block_size, shape.num_kv_heads, shape.head_dim)
         self.flat_keys = [k.view(flat) for k in self.keys]
         self.flat_values = [v.view(flat) for v in self.values]
@@ -55,6 +57,15 @@ class KVCache:
     @property
     def memory_bytes(self) -> int:
         return self.num_blocks * self.block_size * self.shape.bytes_per_token()
+
+
+def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed tensor; on the CPU from calloc'd memory, whose pages the system maps only once they are written,
+    so resident memory grows with the blocks in use rather than with the pool's size."""
+    if device.type != "cpu":
+        return torch.zeros(dims, dtype=dtype, device=device)
+    nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(dims)
 
 
 def kv_cache_blocks(config: EngineConfig, device: torch.device, bytes_per_token: int, max_model_len: int,

@@ -36,3 +36,17 @@ def test_the_engine_allocates_what_the_estimate_promised(tiny_llama, settings):
         assert allocated == promised
     else:  # both read the free memory, a moment apart
         assert abs(allocated - promised) <= 0.05 * allocated
+
+
+def test_the_cpu_pool_takes_memory_as_its_blocks_are_used():
+    from engine.models.memory import resident_bytes
+    from engine.serving.kv_cache import KVCache, KVShape
+
+    before = resident_bytes()
+    cache = KVCache(KVShape(8, 4, 64, torch.float32), 2048, 16, CPU)  # 512 MiB of keys and values
+    untouched = resident_bytes() - before
+    assert cache.memory_bytes == 512 * 1024**2 and untouched < 32 * 1024**2
+    assert not cache.keys[5].any() and not cache.values[7].any()  # zeros, as torch.zeros would give
+    for layer in range(8):
+        cache.keys[layer][:1024] = 1.0  # half the key blocks of every layer: 128 MiB
+    assert resident_bytes() - before > 100 * 1024**2
