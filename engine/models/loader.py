@@ -71,9 +71,10 @@ def load_model(
     tokenizer, warnings = load_tokenizer(files)  # a converted copy's tokenizer reads faster, even for from_blocks
     if from_blocks:
         files = source
-    if quantization in PACKED_MODES and device.type == "cpu" and not kernels.is_ready():
-        report(0.1, "building the CPU kernels (once per machine)")
-        if not kernels.available():
+    if quantization in PACKED_MODES and device.type == "cpu":
+        if not kernels.is_ready():
+            report(0.1, "building the CPU kernels (once per machine)")
+        if not kernels.available():  # also a library built before that no longer loads
             warnings.append(f"{kernels.status().detail}; using torch's slower packed kernels")
     report(0.15, "reading the weights" if converted or source.kind == "hf" else "converting the GGUF file (once)")
     with PeakMemory(device) as reading:

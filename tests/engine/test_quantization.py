@@ -15,6 +15,7 @@ from engine.step import kernels
 from engine.step.block_linear import BlockQuantLinear
 from engine.step.packed_linear import Int4Linear, Int8Linear
 from engine.step.quantization import PACKED_MODES, import_bitsandbytes
+from engine.tools.bench import plain_attention
 from tests.helpers.oracle import reference_greedy
 from tests.helpers.tiny_gguf import write_tiny_llama_gguf
 
@@ -27,6 +28,14 @@ LAYER_TYPE = {
 }
 BLOCK_KIND = {"int4": "q4_1", "w8": "q8_0"}
 QUANTISED = [mode for mode in LAYER_TYPE if mode != "none"]
+
+
+def assert_greedy_parity(engine: Engine, prompts: list[list[int]], tokens: int) -> None:
+    """The engine's greedy tokens equal transformers' ``generate`` on the engine's own modules."""
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+    with plain_attention(engine.loaded.model) as model:
+        for prompt, out in zip(prompts, outputs):
+            assert out.token_ids == reference_greedy(model, prompt, tokens)
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +72,7 @@ def test_greedy_parity_with_generate_on_the_same_quantised_modules(engines, mode
     engine = engines[mode]
     prompts = [engine.encode_prompt([{"role": "user", "content": text}])
                for text in ("one two three", "a much longer message about rivers and mountains " * 3, "hi")]
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
-    model = engine.loaded.model
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        for prompt, out in zip(prompts, outputs):
-            assert out.token_ids == reference_greedy(model, prompt, 24)
-    finally:
-        model.set_attn_implementation(previous)
+    assert_greedy_parity(engine, prompts, 24)
 
 
 def test_quantised_output_differs_from_full_precision_but_stays_close(engines):
@@ -145,12 +146,8 @@ def test_q4_gguf_in_int4_chats_like_none(q4_1_engines):
     prompt = q4_1_engines["none"].encode_prompt([{"role": "user", "content": "rivers and mountains"}])
     logits = {}
     for mode, engine in q4_1_engines.items():
-        model = engine.loaded.model
-        previous = model.config._attn_implementation
-        model.set_attn_implementation("sdpa")
-        with torch.inference_mode():
+        with plain_attention(engine.loaded.model) as model, torch.inference_mode():
             logits[mode] = model(torch.tensor([prompt])).logits[0, -1]
-        model.set_attn_implementation(previous)
     assert torch.nn.functional.cosine_similarity(logits["int4"], logits["none"], dim=0) > 0.99
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     first = {mode: engine.generate([prompt], params)[0].token_ids for mode, engine in q4_1_engines.items()}
@@ -160,15 +157,7 @@ def test_q4_gguf_in_int4_chats_like_none(q4_1_engines):
 def test_q4_gguf_in_int4_matches_generate_on_its_own_modules(q4_1_engines):
     engine = q4_1_engines["int4"]
     prompts = [engine.encode_prompt([{"role": "user", "content": text}]) for text in ("one two", "hi " * 20)]
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
-    model = engine.loaded.model
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        for prompt, out in zip(prompts, outputs):
-            assert out.token_ids == reference_greedy(model, prompt, 16)
-    finally:
-        model.set_attn_implementation(previous)
+    assert_greedy_parity(engine, prompts, 16)
 
 
 def test_packed_gguf_load_makes_no_converted_copy(q4_ggufs, tmp_path, monkeypatch):
