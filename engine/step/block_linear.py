@@ -1,13 +1,15 @@
 """Linear layers that keep GGUF's own Q4_1 / Q8_0 blocks and multiply them on the native CPU kernels.
 
-A GGUF file's Q4_1 and Q8_0 tensors are used byte for byte, Q4_0 becomes Q4_1 exactly (``(q - 8) d`` is
-``d q + m`` with ``m = -8 d``), and float weights (safetensors models, other GGUF types) are quantised into
-the same blocks at load, as llama.cpp's quantiser does. The arithmetic is llama.cpp's too: see
-``kernels/block_quant.cpp``. Where the kernels can't be built, the packed layers of :mod:`.packed_linear`
+A GGUF file's Q4_1 and Q8_0 blocks are kept as they are (only their order changes: rows are interleaved eight
+at a time, see :func:`interleave`), Q4_0 becomes Q4_1 exactly (``(q - 8) d`` is ``d q + m`` with ``m = -8 d``),
+and float weights (safetensors models, other GGUF types) are quantised into the same blocks at load, as
+llama.cpp's quantiser does. The arithmetic is llama.cpp's too: see ``kernels/block_quant.cpp``. Where the kernels can't be built, the packed layers of :mod:`.packed_linear`
 take their place (see :func:`engine.step.quantization.packed_layer`).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
@@ -16,66 +18,88 @@ from torch import nn
 from . import kernels
 
 BLOCK = 32  # weights per block
+GROUP = 8  # rows interleaved together in the kernels' layout
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # float16 d, [float16 m,] codes
 GGUF_KINDS = {"Q4_0": "q4_1", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # what each GGUF type is held as
 
 
 class BlockQuantLinear(nn.Module):
-    """``y = x W^T (+ b)`` with ``W`` stored as Q4_1 or Q8_0 blocks ``[out_features, in_features / 32 * bytes]``."""
+    """``y = x W^T (+ b)`` with ``W`` stored as Q4_1 or Q8_0 blocks, rows interleaved eight at a time.
 
-    def __init__(self, kind: str, in_features: int, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    ``groups`` is :func:`interleave`'s ``[ceil(out_features / 8), in_features / 32 * 8 * bytes]`` uint8 tensor;
+    build layers from GGUF-ordered blocks with :meth:`from_blocks`, :meth:`from_gguf` or :meth:`from_float`.
+    """
+
+    def __init__(self, kind: str, in_features: int, out_features: int, groups: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
         if not kernels.available():
             raise RuntimeError(f"block-quantised layers need the native kernels: {kernels.status().detail}")
         if kind not in BLOCK_BYTES or in_features % BLOCK:
             raise ValueError(f"no {kind!r} blocks for {in_features} input features")
-        if blocks.dtype != torch.uint8 or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[kind]:
-            raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not hold {in_features} features a row")
-        self.kind, self.in_features, self.out_features = kind, in_features, blocks.shape[0]
+        shape = (-(-out_features // GROUP), in_features // BLOCK * GROUP * BLOCK_BYTES[kind])
+        if groups.dtype != torch.uint8 or tuple(groups.shape) != shape:
+            raise ValueError(f"{kind} blocks of shape {tuple(groups.shape)} do not hold "
+                             f"{out_features} x {in_features} weights (want {shape})")
+        self.kind, self.in_features, self.out_features = kind, in_features, out_features
         self._op = getattr(torch.ops.kvasir_kernels, f"{kind}_linear")
-        self.register_buffer("blocks", blocks.contiguous())
+        self.register_buffer("blocks", groups.contiguous())
         self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_blocks(cls, kind: str, in_features: int, blocks: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> BlockQuantLinear:
+        """A layer over ``kind`` blocks in GGUF's order, ``[out_features, in_features / 32 * bytes]`` uint8."""
+        if kind not in BLOCK_BYTES or in_features % BLOCK:
+            raise ValueError(f"no {kind!r} blocks for {in_features} input features")
+        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[kind]:
+            raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not hold {in_features} features a row")
+        return cls(kind, in_features, blocks.shape[0], interleave(blocks, kind), bias)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, kind: str, bias: torch.Tensor | None = None) -> BlockQuantLinear:
         """Quantise a float ``weight`` [out, in] into ``kind`` blocks."""
         encode = quantize_q4_1 if kind == "q4_1" else quantize_q8_0
-        return cls(kind, weight.shape[1], encode(weight.detach().float().cpu()), bias)
+        return cls.from_blocks(kind, weight.shape[1], encode(weight.detach().float().cpu()), bias)
 
     @classmethod
     def from_gguf(cls, data: np.ndarray, ggml_type: str, row_order: torch.Tensor | None = None,
                   bias: torch.Tensor | None = None) -> BlockQuantLinear:
         """A GGUF tensor's blocks (``[out, in / 32 * type bytes]`` uint8); ``row_order`` permutes output rows."""
         kind = GGUF_KINDS[ggml_type]
-        raw = torch.from_numpy(np.array(data, dtype=np.uint8))
+        with warnings.catch_warnings():  # a read-only memory map: the blocks are only read, then interleaved
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(np.asarray(data, dtype=np.uint8))
         if ggml_type == "Q4_0":
             raw = q4_0_as_q4_1(raw)
         if row_order is not None:  # a row is one output feature with all its blocks: permuting rows is exact
             raw = raw[row_order]
         in_features = raw.shape[1] // BLOCK_BYTES[kind] * BLOCK
-        return cls(kind, in_features, raw, bias)
+        return cls.from_blocks(kind, in_features, raw, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        out = self._op(flat, self.blocks, self.in_features)
+        out = self._op(flat, self.blocks, self.in_features, self.out_features)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out, in] the kernel multiplies by."""
-        return torch.ops.kvasir_kernels.dequantize(self.blocks, self.in_features, self.kind)
+        return torch.ops.kvasir_kernels.dequantize(self.blocks, self.in_features, self.out_features, self.kind)
 
     def extra_repr(self) -> str:
         return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
 
 
 def can_fuse(layers: list[nn.Module]) -> bool:
-    """Whether ``layers`` are block layers of one kind over the same inputs, all with biases or none."""
+    """Whether ``layers`` are block layers of one kind over the same inputs, all with biases or none, each of
+    whole groups of eight rows (so that their groups can sit one after another)."""
     if len(layers) < 2 or any(type(layer) is not BlockQuantLinear for layer in layers):
         return False
     first = layers[0]
     return all(layer.kind == first.kind and layer.in_features == first.in_features
+               and layer.out_features % GROUP == 0
                and (layer.bias is None) == (first.bias is None) for layer in layers)
 
 
@@ -88,12 +112,34 @@ def fuse(layers: list[BlockQuantLinear]) -> BlockQuantLinear:
         raise ValueError("these layers can't be fused")
     first = layers[0]
     bias = None if first.bias is None else torch.cat([layer.bias for layer in layers])
-    fused = BlockQuantLinear(first.kind, first.in_features, torch.cat([layer.blocks for layer in layers]), bias)
+    out_features = sum(layer.out_features for layer in layers)
+    fused = BlockQuantLinear(first.kind, first.in_features, out_features,
+                             torch.cat([layer.blocks for layer in layers]), bias)
     start = 0
     for layer in layers:
-        layer.blocks = fused.blocks[start : start + layer.out_features]
-        start += layer.out_features
+        layer.blocks = fused.blocks[start : start + layer.out_features // GROUP]
+        start += layer.out_features // GROUP
     return fused
+
+
+def interleave(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """GGUF-ordered blocks ``[rows, n * bytes]`` in the kernels' layout, ``[ceil(rows / 8), n * 8 * bytes]``.
+
+    For each group of eight rows and each block position: the eight rows' float16 ``d`` (and ``m`` for Q4_1),
+    then their codes four at a time, row after row, so that 32 bytes hold codes ``4k..4k+3`` of all eight rows
+    (for Q4_1, whose byte ``j`` holds codes ``j`` and ``j + 16``, codes ``4k..4k+3`` and ``16+4k..16+4k+3``). Rows
+    past the last are zero blocks. See ``kernels/block_quant.cpp``.
+    """
+    rows, width = blocks.shape
+    size = BLOCK_BYTES[kind]
+    count = width // size
+    if rows % GROUP:
+        blocks = torch.cat([blocks, blocks.new_zeros(GROUP - rows % GROUP, width)])
+    by_position = blocks.reshape(-1, GROUP, count, size).transpose(1, 2)  # [groups, position, row, bytes]
+    scale_bytes = 4 if kind == "q4_1" else 2
+    codes = by_position[..., scale_bytes:].reshape(*by_position.shape[:3], -1, 4).transpose(2, 3)
+    scales = [by_position[..., start : start + 2].flatten(2) for start in range(0, scale_bytes, 2)]
+    return torch.cat([*scales, codes.flatten(2)], dim=-1).reshape(blocks.shape[0] // GROUP, -1).contiguous()
 
 
 def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:

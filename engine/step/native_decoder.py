@@ -15,7 +15,7 @@ import torch
 
 from . import kernels
 from .attention import GroupMetadata, StepMetadata, attend_group
-from .block_linear import BlockQuantLinear, can_fuse, fuse
+from .block_linear import GROUP, BlockQuantLinear, can_fuse, fuse
 from .lean_decoder import lean_decoder_for
 
 
@@ -33,8 +33,10 @@ def native_decoder_for(model: torch.nn.Module, device: torch.device, dtype: torc
 
 def _fusable(layer: torch.nn.Module) -> bool:
     attention, mlp = layer.self_attn, layer.mlp
+    whole_groups = all(type(p) is BlockQuantLinear and p.out_features % GROUP == 0
+                       for p in (attention.o_proj, mlp.down_proj))  # decode_step.cpp reads widths from groups
     return (can_fuse([attention.q_proj, attention.k_proj, attention.v_proj]) and can_fuse([mlp.gate_proj, mlp.up_proj])
-            and type(attention.o_proj) is BlockQuantLinear and type(mlp.down_proj) is BlockQuantLinear)
+            and whole_groups)
 
 
 class NativeDecoder:

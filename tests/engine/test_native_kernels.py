@@ -42,14 +42,15 @@ def _reference_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
-def test_block_linear_equals_its_formula(kind, rows):
+@pytest.mark.parametrize("outputs", [80, 21])  # whole groups of eight rows, and a padded last group
+def test_block_linear_equals_its_formula(kind, rows, outputs):
     torch.manual_seed(rows)
-    layer = BlockQuantLinear.from_float(torch.randn(80, 96), kind, bias=torch.randn(80))
+    layer = BlockQuantLinear.from_float(torch.randn(outputs, 96), kind, bias=torch.randn(outputs))
     x = torch.randn(2, rows, 96)
     weight = layer.dequantize()
     got = layer(x)
-    want = _reference_linear(x.reshape(-1, 96), weight).float().reshape(2, rows, 80) + layer.bias
-    assert got.shape == (2, rows, 80)
+    want = _reference_linear(x.reshape(-1, 96), weight).float().reshape(2, rows, outputs) + layer.bias
+    assert got.shape == (2, rows, outputs)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     # and the activation rounding is the only difference from a float matmul: under 1% of the output's size
     exact = x @ weight.t() + layer.bias
@@ -60,7 +61,7 @@ def test_block_linear_equals_its_formula(kind, rows):
 def test_quantising_float_weights_is_within_half_a_step(kind, encode, max_step):
     torch.manual_seed(0)
     weight = torch.randn(48, 64) * torch.linspace(0.01, 3, 48)[:, None]  # rows of very different ranges
-    layer = BlockQuantLinear(kind, 64, encode(weight))
+    layer = BlockQuantLinear.from_blocks(kind, 64, encode(weight))
     groups = weight.reshape(48, 2, 32)
     step = (groups.amax(-1) - groups.amin(-1)) / max_step if kind == "q4_1" else groups.abs().amax(-1) / 127
     error = (layer.dequantize() - weight).abs().reshape(48, 2, 32).amax(-1)
@@ -100,9 +101,13 @@ def test_fused_layers_share_their_blocks():
 def test_bad_inputs_are_refused_in_words():
     layer = BlockQuantLinear.from_float(torch.randn(32, 64), "q4_1")
     with pytest.raises(RuntimeError, match="features"):
-        ops.q4_1_linear(torch.randn(2, 32), layer.blocks, 64)
+        ops.q4_1_linear(torch.randn(2, 32), layer.blocks, 64, 32)
+    with pytest.raises(RuntimeError, match="weight blocks"):
+        ops.q4_1_linear(torch.randn(2, 64), layer.blocks, 64, 48)
     with pytest.raises(ValueError, match="blocks"):
-        BlockQuantLinear("q4_1", 96, layer.blocks)
+        BlockQuantLinear.from_blocks("q4_1", 96, quantize_q4_1(torch.randn(32, 64)))
+    with pytest.raises(ValueError, match="blocks"):
+        BlockQuantLinear("q4_1", 64, 40, layer.blocks)
 
 
 def test_norms_and_activation_equal_their_formulas():

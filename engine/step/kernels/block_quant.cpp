@@ -1,7 +1,13 @@
-// Linear layers over GGUF's Q4_1 and Q8_0 blocks on the CPU, the way llama.cpp computes them: each row of
+// Linear layers over GGUF's Q4_1 and Q8_0 blocks on the CPU, with llama.cpp's arithmetic: each row of
 // activations is quantised to 8 bits per 32 values, then every weight block meets it in one integer dot
-// product (AVX2 where the CPU has it, plain C++ elsewhere). The weights are read as they are stored: 20 bytes
-// per 32 weights for Q4_1, 34 for Q8_0.
+// product (AVX2 where the CPU has it, plain C++ elsewhere).
+//
+// The weights are GGUF's blocks with the rows interleaved eight at a time (see block_linear.interleave): for
+// every block position, the scales of eight rows side by side, then their codes four bytes of each row in
+// turn. One 32-byte load then holds four codes of each of eight rows, so a single multiply-add instruction
+// advances eight output features at once, and the scales are vectors rather than scalars; this is ggml's
+// "repacked" Q4_0x8 idea applied to Q4_1 and Q8_0. Sizes are unchanged: 20 bytes per 32 weights for Q4_1,
+// 34 for Q8_0.
 //
 // Registered as torch.ops.kvasir_kernels.{q4_1_linear, q8_0_linear, dequantize}; see kernels/__init__.py.
 
@@ -15,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -24,22 +31,26 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;
+constexpr int64_t kBlock = 32;  // weights per block
+constexpr int kGroup = 8;       // rows interleaved together
 
-struct BlockQ4_1 {  // weight j: d * q_j + m; byte j holds q_j (low nibble) and q_{j+16} (high nibble)
-  uint16_t d, m;
-  uint8_t qs[16];
+// Eight rows' blocks at one block position. Row i's weight j is d[i] * q + m[i], with q its code:
+// qs[32 c + 4 i + t] holds q_{4c+t} in the low nibble and q_{16+4c+t} in the high one (c < 4, t < 4).
+struct GroupQ4_1 {
+  uint16_t d[kGroup], m[kGroup];
+  uint8_t qs[kGroup * 16];
 };
-struct BlockQ8_0 {  // weight j: d * q_j
-  uint16_t d;
-  int8_t qs[32];
+// Row i's weight j is d[i] * qs[32 k + 4 i + t] with j = 4k + t (k < 8, t < 4).
+struct GroupQ8_0 {
+  uint16_t d[kGroup];
+  int8_t qs[kGroup * 32];
 };
 struct BlockQ8x {  // 32 activations: d * q_j, and s = d * sum(q_j)
   float d, s;
   int8_t qs[32];
 };
-static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 blocks are 20 bytes");
-static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 blocks are 34 bytes");
+static_assert(sizeof(GroupQ4_1) == kGroup * 20, "Q4_1 groups are 8 blocks of 20 bytes");
+static_assert(sizeof(GroupQ8_0) == kGroup * 34, "Q8_0 groups are 8 blocks of 34 bytes");
 
 inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
@@ -61,117 +72,137 @@ void quantize_row(const float* x, BlockQ8x* out, int64_t blocks) {
   }
 }
 
-#ifdef KVASIR_AVX2
-inline float horizontal_sum(__m256 v) {
-  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
-  return _mm_cvtss_f32(sum);
-}
-
-// 32 products of unsigned bytes with signed bytes, summed into 8 int32 lanes, as floats
-inline __m256 dot_bytes(__m256i unsigned_bytes, __m256i signed_bytes) {
-  const __m256i pairs = _mm256_maddubs_epi16(unsigned_bytes, signed_bytes);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-#endif
-
-// Products of one weight row with up to kTile activation rows: each weight block is read and unpacked once.
+// Up to kTile activation rows meet each group of weights while its codes are in registers.
 constexpr int kTile = 4;
 
 #ifdef KVASIR_AVX2
-inline float to_float(uint16_t h) { return _cvtsh_ss(h); }
-
-template <int Rows>
-void dot_q4_1(const BlockQ4_1* w, const BlockQ8x* const* x, int64_t blocks, float* out) {
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
-  __m256 acc[Rows];
-  float offsets[Rows];
-  for (int r = 0; r < Rows; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float d = to_float(w[b].d), m = to_float(w[b].m);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
-    const __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low_nibbles);
-    for (int r = 0; r < Rows; ++r) {
-      const BlockQ8x& a = x[r][b];
-      const __m256i activations = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), dot_bytes(codes, activations), acc[r]);
-      offsets[r] += m * a.s;
-    }
-  }
-  for (int r = 0; r < Rows; ++r) out[r] = horizontal_sum(acc[r]) + offsets[r];
+inline __m256 halves(const uint16_t* h) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+inline __m256i four_bytes(const int8_t* q, int k) {
+  int32_t v;
+  std::memcpy(&v, q + 4 * k, 4);
+  return _mm256_set1_epi32(v);
 }
 
+// out[r][i]: row i of the group times activation row r
 template <int Rows>
-void dot_q8_0(const BlockQ8_0* w, const BlockQ8x* const* x, int64_t blocks, float* out) {
+void group_q4_1(const GroupQ4_1* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[Rows];
   for (int r = 0; r < Rows; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const float d = to_float(w[b].d);
-    const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs));
-    // maddubs multiplies unsigned by signed bytes: move the weights' signs onto the activations
-    const __m256i magnitudes = _mm256_sign_epi8(codes, codes);
+    const GroupQ4_1& g = w[b];
+    const __m256 d = halves(g.d), m = halves(g.m);
+    __m256i codes[8];  // codes[k]: codes 4k..4k+3 of each row
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.qs + 32 * c));
+      codes[c] = _mm256_and_si256(raw, low_nibbles);
+      codes[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
+    }
     for (int r = 0; r < Rows; ++r) {
       const BlockQ8x& a = x[r][b];
-      const __m256i activations = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
-      const __m256i signed_activations = _mm256_sign_epi8(activations, codes);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), dot_bytes(magnitudes, signed_activations), acc[r]);
+      // 16 products per 16-bit lane: at most 16 * 15 * 127 = 30480, so the lanes cannot overflow
+      __m256i sums = _mm256_maddubs_epi16(codes[0], four_bytes(a.qs, 0));
+      for (int k = 1; k < 8; ++k) sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes[k], four_bytes(a.qs, k)));
+      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a.d)), dots, acc[r]);
+      acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s), acc[r]);
     }
   }
-  for (int r = 0; r < Rows; ++r) out[r] = horizontal_sum(acc[r]);
+  for (int r = 0; r < Rows; ++r) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+template <int Rows>
+void group_q8_0(const GroupQ8_0* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[Rows];
+  for (int r = 0; r < Rows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const GroupQ8_0& g = w[b];
+    const __m256 d = halves(g.d);
+    __m256i codes[8], magnitudes[8];
+    for (int k = 0; k < 8; ++k) {
+      codes[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.qs + 32 * k));
+      magnitudes[k] = _mm256_sign_epi8(codes[k], codes[k]);
+    }
+    for (int r = 0; r < Rows; ++r) {
+      const BlockQ8x& a = x[r][b];
+      // maddubs multiplies unsigned by signed bytes: the weights' signs move onto the activations
+      __m256i sums = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        const __m256i pairs =
+            _mm256_maddubs_epi16(magnitudes[k], _mm256_sign_epi8(four_bytes(a.qs, k), codes[k]));
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a.d)), _mm256_cvtepi32_ps(sums), acc[r]);
+    }
+  }
+  for (int r = 0; r < Rows; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
 #else
-inline float to_float(uint16_t h) { return half_to_float(h); }
-
 template <int Rows>
-void dot_q4_1(const BlockQ4_1* w, const BlockQ8x* const* x, int64_t blocks, float* out) {
+void group_q4_1(const GroupQ4_1* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
   for (int r = 0; r < Rows; ++r) {
-    float total = 0.f;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const BlockQ8x& a = x[r][b];
-      int sum = 0;
-      for (int j = 0; j < 16; ++j) sum += (w[b].qs[j] & 0x0F) * a.qs[j] + (w[b].qs[j] >> 4) * a.qs[j + 16];
-      total += to_float(w[b].d) * a.d * static_cast<float>(sum) + to_float(w[b].m) * a.s;
+    for (int i = 0; i < kGroup; ++i) {
+      float total = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const BlockQ8x& a = x[r][b];
+        int sum = 0;
+        for (int c = 0; c < 4; ++c) {
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t byte = w[b].qs[32 * c + 4 * i + t];
+            sum += (byte & 0x0F) * a.qs[4 * c + t] + (byte >> 4) * a.qs[16 + 4 * c + t];
+          }
+        }
+        total += half_to_float(w[b].d[i]) * a.d * static_cast<float>(sum) + half_to_float(w[b].m[i]) * a.s;
+      }
+      out[r][i] = total;
     }
-    out[r] = total;
   }
 }
 
 template <int Rows>
-void dot_q8_0(const BlockQ8_0* w, const BlockQ8x* const* x, int64_t blocks, float* out) {
+void group_q8_0(const GroupQ8_0* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
   for (int r = 0; r < Rows; ++r) {
-    float total = 0.f;
-    for (int64_t b = 0; b < blocks; ++b) {
-      int sum = 0;
-      for (int j = 0; j < kBlock; ++j) sum += w[b].qs[j] * x[r][b].qs[j];
-      total += to_float(w[b].d) * x[r][b].d * static_cast<float>(sum);
+    for (int i = 0; i < kGroup; ++i) {
+      float total = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int sum = 0;
+        for (int k = 0; k < 8; ++k) {
+          for (int t = 0; t < 4; ++t) sum += w[b].qs[32 * k + 4 * i + t] * x[r][b].qs[4 * k + t];
+        }
+        total += half_to_float(w[b].d[i]) * x[r][b].d * static_cast<float>(sum);
+      }
+      out[r][i] = total;
     }
-    out[r] = total;
   }
 }
 #endif
 
-template <typename Block>
-struct Dots {
-  using Fn = void (*)(const Block*, const BlockQ8x* const*, int64_t, float*);
+template <typename Group>
+struct GroupDots {
+  using Fn = void (*)(const Group*, const BlockQ8x* const*, int64_t, float (*)[kGroup]);
   Fn by_rows[kTile];  // by_rows[k]: k + 1 activation rows at once
 };
-const Dots<BlockQ4_1> kQ4_1{{dot_q4_1<1>, dot_q4_1<2>, dot_q4_1<3>, dot_q4_1<4>}};
-const Dots<BlockQ8_0> kQ8_0{{dot_q8_0<1>, dot_q8_0<2>, dot_q8_0<3>, dot_q8_0<4>}};
+const GroupDots<GroupQ4_1> kQ4_1{{group_q4_1<1>, group_q4_1<2>, group_q4_1<3>, group_q4_1<4>}};
+const GroupDots<GroupQ8_0> kQ8_0{{group_q8_0<1>, group_q8_0<2>, group_q8_0<3>, group_q8_0<4>}};
 
-template <typename Block>
-at::Tensor block_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features,
-                        const Dots<Block>& dots) {
+template <typename Group>
+at::Tensor block_linear(const at::Tensor& input, const at::Tensor& weight_groups, int64_t in_features,
+                        int64_t out_features, const GroupDots<Group>& dots) {
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat && input.is_contiguous(),
               "activations must be a contiguous float32 [rows, in_features] tensor");
   TORCH_CHECK(input.size(1) == in_features && in_features % kBlock == 0,
               "activations have ", input.size(1), " features, the weights ", in_features);
   const int64_t blocks = in_features / kBlock;
-  TORCH_CHECK(weight_blocks.scalar_type() == at::kByte && weight_blocks.is_contiguous() && weight_blocks.dim() == 2 &&
-                  weight_blocks.size(1) == blocks * static_cast<int64_t>(sizeof(Block)),
-              "weight blocks must be contiguous uint8 [out_features, in_features / 32 * ", sizeof(Block), "]");
+  const int64_t groups = (out_features + kGroup - 1) / kGroup;
+  TORCH_CHECK(weight_groups.scalar_type() == at::kByte && weight_groups.is_contiguous() &&
+                  weight_groups.dim() == 2 && weight_groups.size(0) == groups &&
+                  weight_groups.size(1) == blocks * static_cast<int64_t>(sizeof(Group)),
+              "weight blocks must be contiguous uint8 [", groups, ", ", blocks * sizeof(Group),
+              "] (eight rows interleaved) for ", out_features, " x ", in_features, " weights");
   const int64_t rows = input.size(0);
-  const int64_t out_features = weight_blocks.size(0);
 
   std::vector<BlockQ8x> quantized(static_cast<size_t>(rows * blocks));
   const float* x = input.data_ptr<float>();
@@ -181,19 +212,22 @@ at::Tensor block_linear(const at::Tensor& input, const at::Tensor& weight_blocks
 
   at::Tensor output = at::empty({rows, out_features}, input.options());
   float* out = output.data_ptr<float>();
-  const auto* weights = reinterpret_cast<const Block*>(weight_blocks.data_ptr<uint8_t>());
+  const auto* weights = reinterpret_cast<const Group*>(weight_groups.data_ptr<uint8_t>());
   // at least ~4k block products per task, so small layers do not pay for waking threads they can't use
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, blocks * rows));
-  at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, kGroup * blocks * rows));
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     const BlockQ8x* tile[kTile];
-    float results[kTile];
-    for (int64_t n = begin; n < end; ++n) {
-      const Block* row = weights + n * blocks;
+    float results[kTile][kGroup];
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t first = g * kGroup;
+      const int64_t width = std::min<int64_t>(kGroup, out_features - first);
       for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
         const int count = static_cast<int>(std::min<int64_t>(kTile, rows - r0));
         for (int k = 0; k < count; ++k) tile[k] = quantized.data() + (r0 + k) * blocks;
-        dots.by_rows[count - 1](row, tile, blocks, results);
-        for (int k = 0; k < count; ++k) out[(r0 + k) * out_features + n] = results[k];
+        dots.by_rows[count - 1](weights + g * blocks, tile, blocks, results);
+        for (int k = 0; k < count; ++k) {
+          std::memcpy(out + (r0 + k) * out_features + first, results[k], width * sizeof(float));
+        }
       }
     }
   });
@@ -204,42 +238,53 @@ at::Tensor block_linear(const at::Tensor& input, const at::Tensor& weight_blocks
 
 namespace kvasir {
 
-at::Tensor q4_1_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features) {
-  return block_linear(input, weight_blocks, in_features, kQ4_1);
+at::Tensor q4_1_linear(const at::Tensor& input, const at::Tensor& weight_groups, int64_t in_features,
+                       int64_t out_features) {
+  return block_linear(input, weight_groups, in_features, out_features, kQ4_1);
 }
 
-at::Tensor q8_0_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features) {
-  return block_linear(input, weight_blocks, in_features, kQ8_0);
+at::Tensor q8_0_linear(const at::Tensor& input, const at::Tensor& weight_groups, int64_t in_features,
+                       int64_t out_features) {
+  return block_linear(input, weight_groups, in_features, out_features, kQ8_0);
 }
 
-// The float32 weights [out_features, in_features] of Q4_1 ("q4_1") or Q8_0 ("q8_0") blocks.
-at::Tensor dequantize(const at::Tensor& weight_blocks, int64_t in_features, c10::string_view kind) {
-  TORCH_CHECK(weight_blocks.scalar_type() == at::kByte && weight_blocks.is_contiguous() && weight_blocks.dim() == 2,
-              "weight blocks must be a contiguous uint8 matrix");
-  TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32");
+// The float32 weights [out_features, in_features] of interleaved Q4_1 ("q4_1") or Q8_0 ("q8_0") blocks.
+at::Tensor dequantize(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features,
+                      c10::string_view kind) {
   const bool is_q4 = kind == "q4_1";
   TORCH_CHECK(is_q4 || kind == "q8_0", "unknown block kind ", kind);
-  const int64_t blocks = in_features / kBlock;
-  const int64_t out_features = weight_blocks.size(0);
-  TORCH_CHECK(weight_blocks.size(1) == blocks * static_cast<int64_t>(is_q4 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0)),
-              "weight blocks do not match in_features");
-  at::Tensor output = at::empty({out_features, in_features}, weight_blocks.options().dtype(at::kFloat));
+  TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32");
+  const int64_t blocks = in_features / kBlock, groups = (out_features + kGroup - 1) / kGroup;
+  const int64_t group_bytes = is_q4 ? sizeof(GroupQ4_1) : sizeof(GroupQ8_0);
+  TORCH_CHECK(weight_groups.scalar_type() == at::kByte && weight_groups.is_contiguous() &&
+                  weight_groups.dim() == 2 && weight_groups.size(0) == groups &&
+                  weight_groups.size(1) == blocks * group_bytes,
+              "weight blocks do not hold ", out_features, " x ", in_features, " weights");
+  at::Tensor output = at::empty({out_features, in_features}, weight_groups.options().dtype(at::kFloat));
   float* out = output.data_ptr<float>();
-  const uint8_t* raw = weight_blocks.data_ptr<uint8_t>();
-  at::parallel_for(0, out_features * blocks, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float* values = out + i * kBlock;
-      if (is_q4) {
-        const auto& block = reinterpret_cast<const BlockQ4_1*>(raw)[i];
-        const float d = half_to_float(block.d), m = half_to_float(block.m);
-        for (int j = 0; j < 16; ++j) {
-          values[j] = d * static_cast<float>(block.qs[j] & 0x0F) + m;
-          values[j + 16] = d * static_cast<float>(block.qs[j] >> 4) + m;
+  const uint8_t* raw = weight_groups.data_ptr<uint8_t>();
+  at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t g = n / kGroup, i = n % kGroup;
+      for (int64_t b = 0; b < blocks; ++b) {
+        float* values = out + n * in_features + b * kBlock;
+        if (is_q4) {
+          const auto& group = reinterpret_cast<const GroupQ4_1*>(raw)[g * blocks + b];
+          const float d = half_to_float(group.d[i]), m = half_to_float(group.m[i]);
+          for (int c = 0; c < 4; ++c) {
+            for (int t = 0; t < 4; ++t) {
+              const uint8_t byte = group.qs[32 * c + 4 * i + t];
+              values[4 * c + t] = d * static_cast<float>(byte & 0x0F) + m;
+              values[16 + 4 * c + t] = d * static_cast<float>(byte >> 4) + m;
+            }
+          }
+        } else {
+          const auto& group = reinterpret_cast<const GroupQ8_0*>(raw)[g * blocks + b];
+          const float d = half_to_float(group.d[i]);
+          for (int k = 0; k < 8; ++k) {
+            for (int t = 0; t < 4; ++t) values[4 * k + t] = d * static_cast<float>(group.qs[32 * k + 4 * i + t]);
+          }
         }
-      } else {
-        const auto& block = reinterpret_cast<const BlockQ8_0*>(raw)[i];
-        const float d = half_to_float(block.d);
-        for (int j = 0; j < kBlock; ++j) values[j] = d * static_cast<float>(block.qs[j]);
       }
     }
   });
@@ -249,9 +294,9 @@ at::Tensor dequantize(const at::Tensor& weight_blocks, int64_t in_features, c10:
 }  // namespace kvasir
 
 TORCH_LIBRARY(kvasir_kernels, m) {
-  m.def("q4_1_linear(Tensor input, Tensor weight_blocks, int in_features) -> Tensor");
-  m.def("q8_0_linear(Tensor input, Tensor weight_blocks, int in_features) -> Tensor");
-  m.def("dequantize(Tensor weight_blocks, int in_features, str kind) -> Tensor");
+  m.def("q4_1_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
+  m.def("q8_0_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
+  m.def("dequantize(Tensor weight_blocks, int in_features, int out_features, str kind) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {

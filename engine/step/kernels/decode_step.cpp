@@ -18,11 +18,13 @@ constexpr int64_t kWeightsPerLayer = 10;  // see decode_layers_
 constexpr int64_t kMatricesPerLayer = 4;  // qkv, o, gate_up, down
 constexpr int64_t kQ4_1 = 0;
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t kind, const at::Tensor& bias) {
-  const int64_t bytes = kind == kQ4_1 ? 20 : 34;
-  const int64_t in_features = blocks.size(1) / bytes * 32;
-  at::Tensor out = kind == kQ4_1 ? kvasir::q4_1_linear(x, blocks, in_features)
-                                 : kvasir::q8_0_linear(x, blocks, in_features);
+// Every matrix of the one-call step has whole groups of eight rows (NativeDecoder checks), so the group count
+// gives the output width.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& groups, int64_t kind, const at::Tensor& bias) {
+  const int64_t group_bytes = 8 * (kind == kQ4_1 ? 20 : 34);
+  const int64_t in_features = groups.size(1) / group_bytes * 32, out_features = groups.size(0) * 8;
+  at::Tensor out = kind == kQ4_1 ? kvasir::q4_1_linear(x, groups, in_features, out_features)
+                                 : kvasir::q8_0_linear(x, groups, in_features, out_features);
   if (bias.numel() > 0) out.add_(bias);
   return out;
 }

@@ -18,6 +18,11 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KVASIR_AVX2 1
+#endif
+
 namespace {
 
 void check_rows(const at::Tensor& t, const char* name) {
@@ -42,6 +47,79 @@ void normalize_row(const float* x, const float* weight, float eps, int64_t n, fl
   const float mean_square = dot(x, x, n) / static_cast<float>(n);
   const float inverse = 1.f / std::sqrt(mean_square + eps);
   for (int64_t j = 0; j < n; ++j) out[j] = weight[j] * (x[j] * inverse);
+}
+
+#ifdef KVASIR_AVX2
+// e^x for eight values at once: x = n ln2 + r, e^r by Cephes' degree-5 polynomial, 2^n through the exponent bits
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-87.3365478515625f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  }
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+#endif
+
+// row[j] = e^(row[j] - top), returning their sum
+float exp_shifted(float* row, int64_t n, float top) {
+  int64_t j = 0;
+  float total = 0.f;
+#ifdef KVASIR_AVX2
+  __m256 sums = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(row + j, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sums);
+  for (const float lane : lanes) total += lane;
+#endif
+  for (; j < n; ++j) total += (row[j] = std::exp(row[j] - top));
+  return total;
+}
+
+// Softmax(q . k * scale) v for one sequence's query heads of kv heads [first, last): each cached position's
+// keys and values for those heads are one contiguous run, read once for all their query heads.
+struct PagedKV {
+  const float *keys, *values;
+  int64_t num_blocks, block_size, kv_heads, dim;
+  const float* row(const float* cache, const int64_t* table, int64_t pos, int64_t first) const {
+    const int64_t block = table[pos / block_size];
+    TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
+    return cache + ((block * block_size + pos % block_size) * kv_heads + first) * dim;
+  }
+};
+
+void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, const float* q, float* o,
+                     int64_t first, int64_t last, int64_t group, float scale, std::vector<float>& scores) {
+  const int64_t rows = (last - first) * group, dim = kv.dim;  // query heads here; each row of q is one head
+  scores.resize(static_cast<size_t>(rows * length));
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const float* k = kv.row(kv.keys, table, pos, first);
+    for (int64_t h = 0; h < rows; ++h) scores[h * length + pos] = dot(q + h * dim, k + (h / group) * dim, dim) * scale;
+  }
+  for (int64_t h = 0; h < rows; ++h) {
+    float* row = scores.data() + h * length;
+    const float inverse = 1.f / exp_shifted(row, length, *std::max_element(row, row + length));
+    for (int64_t pos = 0; pos < length; ++pos) row[pos] *= inverse;
+  }
+  std::fill(o, o + rows * dim, 0.f);
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const float* v = kv.row(kv.values, table, pos, first);
+    for (int64_t h = 0; h < rows; ++h) {
+      const float p = scores[h * length + pos];
+      const float* vh = v + (h / group) * dim;
+      float* oh = o + h * dim;
+      for (int64_t j = 0; j < dim; ++j) oh[j] += p * vh[j];
+    }
+  }
 }
 
 }  // namespace
@@ -140,41 +218,18 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "sequence length out of its block table");
   }
   at::Tensor out = at::empty({batch, heads * dim}, query.options());
-  const float* keys = key_cache.data_ptr<float>();
-  const float* values = value_cache.data_ptr<float>();
-  const int64_t num_blocks = key_cache.size(0);
-
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const PagedKV kv{key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), key_cache.size(0), block_size,
+                   kv_heads, dim};
+  // a task per sequence where there are enough of them, else per sequence and kv head
+  const int64_t splits = batch >= 2 * at::get_num_threads() ? 1 : kv_heads;
+  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / kv_heads, g = task % kv_heads, length = lens[b];
-      const int64_t* table = tables + b * width;
-      const float* q = query.data_ptr<float>() + b * query.stride(0) + g * group * dim;
-      float* o = out.data_ptr<float>() + b * heads * dim + g * group * dim;
-      scores.assign(static_cast<size_t>(group * length), 0.f);
-      for (int64_t pos = 0; pos < length; ++pos) {
-        const int64_t block = table[pos / block_size];
-        TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
-        const float* k = keys + ((block * block_size + pos % block_size) * kv_heads + g) * dim;
-        for (int64_t h = 0; h < group; ++h) scores[h * length + pos] = dot(q + h * dim, k, dim) * scale;
-      }
-      for (int64_t h = 0; h < group; ++h) {
-        float* row = scores.data() + h * length;
-        const float top = *std::max_element(row, row + length);
-        float total = 0.f;
-        for (int64_t pos = 0; pos < length; ++pos) total += (row[pos] = std::exp(row[pos] - top));
-        for (int64_t pos = 0; pos < length; ++pos) row[pos] /= total;
-      }
-      std::fill(o, o + group * dim, 0.f);
-      for (int64_t pos = 0; pos < length; ++pos) {
-        const int64_t block = table[pos / block_size];
-        const float* v = values + ((block * block_size + pos % block_size) * kv_heads + g) * dim;
-        for (int64_t h = 0; h < group; ++h) {
-          const float p = scores[h * length + pos];
-          float* oh = o + h * dim;
-          for (int64_t j = 0; j < dim; ++j) oh[j] += p * v[j];
-        }
-      }
+      const int64_t b = task / splits, part = task % splits;
+      const int64_t first = part * kv_heads / splits, last = (part + 1) * kv_heads / splits;
+      const float* q = query.data_ptr<float>() + b * query.stride(0) + first * group * dim;
+      float* o = out.data_ptr<float>() + b * heads * dim + first * group * dim;
+      attend_sequence(kv, tables + b * width, lens[b], q, o, first, last, group, static_cast<float>(scale), scores);
     }
   });
   return out;
