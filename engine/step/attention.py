@@ -29,19 +29,39 @@ class GroupMetadata:
     kv_lengths: torch.Tensor  # [B] each sequence's key count (its length after this step's tokens)
     kv_width: int  # L: the longest sequence's length; keys beyond a sequence's own length are masked
     first_block: int | None  # one sequence whose blocks are consecutive in the pool: read them in place
-    mask: torch.Tensor | None  # [B, 1, Q, L] additive (0 or -inf); None when nothing is masked
     is_whole_step: bool  # the group's queries are exactly the step's tokens, in order
-    _gqa_masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    query_positions: list[list[int]]  # [B][Q] absolute position of each (padded) query
+    mask_dtype: torch.dtype
+    _masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """``[B, 1, Q, L]`` additive mask (0 or -inf), None when nothing is masked; built on first use (the
+        native decode kernel never needs it)."""
+        if 1 not in self._masks:
+            self._masks[1] = _causal_mask(self.query_positions, self.kv_width, self.mask_dtype,
+                                          self.query_index.device)
+        return self._masks[1]
 
     def mask_for_groups(self, groups: int) -> torch.Tensor | None:
         """The mask for queries packed as ``[B, kv_heads, groups * Q, D]`` (built once per step)."""
-        if groups == 1 or self.mask is None:
-            return self.mask
-        if groups not in self._gqa_masks:
-            batch, _, queries, keys = self.mask.shape
-            expanded = self.mask.unsqueeze(2).expand(batch, 1, groups, queries, keys)
-            self._gqa_masks[groups] = expanded.reshape(batch, 1, groups * queries, keys)
-        return self._gqa_masks[groups]
+        mask = self.mask
+        if groups == 1 or mask is None:
+            return mask
+        if groups not in self._masks:
+            batch, _, queries, keys = mask.shape
+            expanded = mask.unsqueeze(2).expand(batch, 1, groups, queries, keys)
+            self._masks[groups] = expanded.reshape(batch, 1, groups * queries, keys)
+        return self._masks[groups]
+
+
+def _causal_mask(query_positions: list[list[int]], kv_width: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor | None:
+    """Key ``k`` is visible to a query at position ``p`` when ``k <= p`` (which also bounds each sequence)."""
+    if all(p >= kv_width - 1 for row in query_positions for p in row):
+        return None
+    allowed = torch.arange(kv_width)[None, None, :] <= torch.tensor(query_positions)[:, :, None]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(1).to(device)
 
 
 @dataclass(slots=True)
@@ -80,13 +100,13 @@ class SequenceSlice:
 def build_metadata(
     kv_cache: KVCache, slices: list[SequenceSlice], device: torch.device, backend: str, dtype: torch.dtype
 ) -> StepMetadata:
-    """Build the step's metadata on the CPU with a few tensor ops, then move it to ``device`` once."""
+    """Build the step's metadata on the CPU, then move it to ``device`` once."""
     block_size = kv_cache.block_size
     tables = _padded_block_tables(slices)
-    positions = torch.cat([torch.arange(s.start, s.end) for s in slices])
-    owner = torch.repeat_interleave(torch.arange(len(slices)), torch.tensor([s.end - s.start for s in slices]))
-    slot_mapping = tables[owner, positions // block_size] * block_size + positions % block_size
-    meta = StepMetadata(kv_cache, positions.to(device, non_blocking=True), slot_mapping.to(device, non_blocking=True))
+    positions = [p for s in slices for p in range(s.start, s.end)]
+    slots = [s.block_table[p // block_size] * block_size + p % block_size for s in slices for p in range(s.start, s.end)]
+    meta = StepMetadata(kv_cache, torch.tensor(positions).to(device, non_blocking=True),
+                        torch.tensor(slots).to(device, non_blocking=True))
     if backend == "flash_attn":
         meta.flash = _flash_metadata(slices, tables, device)
         return meta
@@ -113,31 +133,23 @@ def _group_metadata(
     whole: bool,
     dtype: torch.dtype,
 ) -> GroupMetadata:
-    starts = torch.tensor([s.start for s in slices])
-    lengths = torch.tensor([s.end - s.start for s in slices])
-    offsets = torch.tensor([s.offset for s in slices])
-    q_width, kv_width = int(lengths.max()), max(s.end for s in slices)
-    q_range = torch.arange(q_width)
-    query_valid = q_range[None, :] < lengths[:, None]  # [B, Q]
-    q_step = torch.where(query_valid, q_range[None, :], 0)  # padding repeats the first query
-    query_index = offsets[:, None] + q_step
-    query_pos = starts[:, None] + q_step  # absolute position of each query
-    kv_pos = torch.arange(kv_width)
+    # a few hundred values at most: Python lists are cheaper here than a dozen small tensor operations
+    lengths = [s.end - s.start for s in slices]
+    q_width, kv_width = max(lengths), max(s.end for s in slices)
+    steps = [[j if j < n else 0 for j in range(q_width)] for n in lengths]  # padding repeats the first query
+    all_valid = all(n == q_width for n in lengths)
     num_blocks = -(-kv_width // block_size)
-    allowed = kv_pos[None, None, :] <= query_pos[:, :, None]  # causal, also bounds each sequence's keys
-    mask = None
-    if not bool(allowed.all()):
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
-    all_valid = bool(query_valid.all())
+    query_valid = None if all_valid else torch.tensor([[j < n for j in range(q_width)] for n in lengths])
     return GroupMetadata(
-        query_index=query_index.to(device),
-        query_valid=None if all_valid else query_valid.to(device),
+        query_index=torch.tensor([[s.offset + j for j in row] for s, row in zip(slices, steps)]).to(device),
+        query_valid=None if query_valid is None else query_valid.to(device),
         kv_blocks=tables[:, :num_blocks].contiguous().view(-1).to(device),
         kv_lengths=torch.tensor([s.end for s in slices]).to(device),
         kv_width=kv_width,
         first_block=_consecutive_start(slices[0].block_table[:num_blocks]) if len(slices) == 1 else None,
-        mask=None if mask is None else mask.to(device),
-        is_whole_step=whole and all_valid and q_width * len(slices) == int(lengths.sum()),
+        is_whole_step=whole and all_valid and q_width * len(slices) == sum(lengths),
+        query_positions=[[s.start + j for j in row] for s, row in zip(slices, steps)],
+        mask_dtype=dtype,
     )
 
 
