@@ -190,7 +190,16 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       const float* gate = gate_up.data_ptr<float>() + r * gate_up.stride(0);
       const float* up = gate + n;
       float* o = out.data_ptr<float>() + r * n;
-      for (int64_t j = 0; j < n; ++j) o[j] = gate[j] / (1.f + std::exp(-gate[j])) * up[j];
+      int64_t j = 0;
+#ifdef KVASIR_AVX2
+      const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+      for (; j + 8 <= n; j += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + j);
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+        _mm256_storeu_ps(o + j, _mm256_mul_ps(silu, _mm256_loadu_ps(up + j)));
+      }
+#endif
+      for (; j < n; ++j) o[j] = gate[j] / (1.f + std::exp(-gate[j])) * up[j];
     }
   });
   return out;
