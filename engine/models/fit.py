@@ -9,7 +9,8 @@ import torch
 from ..config import EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from ..serving.kv_cache import kv_cache_blocks
-from ..step.quantization import PACKED_MODES
+from ..step.block_linear import BLOCK
+from ..step.quantization import PACKED_MODES, uses_native_blocks
 from .gguf_info import read_gguf_info
 from .model_info import ModelInfo, read_model_info
 from .sources import ModelSource, resolve_source
@@ -20,6 +21,8 @@ from .weights_check import model_config
 FOUR_BIT_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
 # packed int4: two weights a byte and two 16-bit numbers per 32 weights (Q4_1 blocks; torch's int4 kernel alike)
 INT4_BYTES_PER_WEIGHT = 20 / 32
+# a GGUF's Q4_K weights on the native CPU kernels: Q4_1 blocks with float32 scales
+Q4_K_BYTES_PER_WEIGHT = 24 / 32
 # packed 8-bit: Q8_0 blocks, a byte a weight and a float16 scale per 32 (torch's int8 rows are 6% smaller)
 W8_BYTES_PER_WEIGHT = 34 / 32
 MIN_CONTEXT_TOKENS = 256  # refuse a configuration that leaves less KV room than this
@@ -71,8 +74,9 @@ class OutputHead:
     tied: bool
 
 
-def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: OutputHead | None = None) -> int:
-    """Bytes the loaded weights take for ``quantization`` with compute ``dtype``.
+def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: OutputHead | None = None,
+                 device: torch.device | None = None) -> int:
+    """Bytes the loaded weights take for ``quantization`` with compute ``dtype`` on ``device``.
 
     ``head``: needed for the packed modes, which give the output head an 8-bit copy of its own.
     """
@@ -82,18 +86,21 @@ def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: O
     if quantization == "none":
         return info.parameter_count * element
     if quantization in PACKED_MODES:
-        return _packed_bytes(info, quantization, element, head or OutputHead(0, 0, True))
+        native = device is not None and uses_native_blocks(device, BLOCK)
+        return _packed_bytes(info, quantization, element, head or OutputHead(0, 0, True), native)
     if quantization == "int8":
         return other * element + linear + 4 * info.linear_rows
     return other * element + int(linear * FOUR_BIT_BYTES_PER_WEIGHT)
 
 
-def _packed_bytes(info: ModelInfo, quantization: str, element: int, head: OutputHead) -> int:
+def _packed_bytes(info: ModelInfo, quantization: str, element: int, head: OutputHead, native: bool) -> int:
     other = info.parameter_count - info.linear_parameter_count
     if not head.tied:  # the head's float weight becomes the int8 copy
         other -= head.rows * head.cols
     per_weight = INT4_BYTES_PER_WEIGHT if quantization == "int4" else W8_BYTES_PER_WEIGHT
     linear = int(info.linear_parameter_count * per_weight)
+    if quantization == "int4" and native:  # Q4_K kept with its float32 scales
+        linear += int(info.q4_k_linear_count * (Q4_K_BYTES_PER_WEIGHT - INT4_BYTES_PER_WEIGHT))
     return other * element + linear + int(head.rows * head.cols * W8_BYTES_PER_WEIGHT)
 
 
@@ -124,7 +131,7 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     quantization = resolve_quantization(config.quantization, device, source)
     dtype = resolve_dtype(config.dtype, device)
     head = output_head(source) if quantization in PACKED_MODES else None
-    weights = weight_bytes(info, quantization, dtype, head)
+    weights = weight_bytes(info, quantization, dtype, head, device)
     per_token = kv_bytes_per_token(info, dtype)
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)

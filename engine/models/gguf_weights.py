@@ -26,6 +26,7 @@ from ..step.quantization import pack_output_head, packed_layer, quantizable_line
 from .sources import ModelSource
 
 DIRECT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups
+NATIVE_INT4 = (*DIRECT_INT4, "Q4_K")  # ... and the native kernels' blocks (Q4_K with float32 scales)
 FLOAT_TYPES = ("F32", "F16", "BF16")
 LOW_BIT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
                  "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0")  # re-quantised to int4; the rest (5 bits and up) to int8
@@ -144,11 +145,11 @@ def _packed_layer(tensor, mode: str, processor, layer: nn.Linear, requantized: C
 def _from_blocks(tensor, kind: str, mode: str, rows, layer: nn.Linear, requantized: Counter, device) -> nn.Module:
     """The file's blocks as they are where a kernel reads them, else dequantised and packed again.
 
-    Native block layers (the CPU) take Q4_0 / Q4_1 in int4 mode and Q8_0 in both; torch's packed kernels take
-    Q4_0 / Q4_1 as int4 (packed on ``device`` itself: the CPU and CUDA layouts differ) and Q8_0 as int8 rows.
+    Native block layers (the CPU) take Q4_0 / Q4_1 / Q4_K in int4 mode and Q8_0 in both; torch's packed kernels
+    take Q4_0 / Q4_1 as int4 (packed on ``device`` itself: the CPU and CUDA layouts differ) and Q8_0 as int8 rows.
     """
     if uses_native_blocks(device, layer.in_features):
-        if kind == "Q8_0" or (mode == "int4" and kind in DIRECT_INT4):
+        if kind == "Q8_0" or (mode == "int4" and kind in NATIVE_INT4):
             return BlockQuantLinear.from_gguf(tensor.data, kind, rows)
     elif mode == "int4" and kind in DIRECT_INT4 and can_pack_int4(layer.in_features, layer.out_features, GGUF_BLOCK):
         return Int4Linear.from_gguf_blocks(tensor.data, kind, rows, device=device)

@@ -19,8 +19,12 @@ from . import kernels
 
 BLOCK = 32  # weights per block
 GROUP = 8  # rows interleaved together in the kernels' layout
-BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}  # float16 d, [float16 m,] codes
-GGUF_KINDS = {"Q4_0": "q4_1", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # what each GGUF type is held as
+# each kind's scale fields (bytes each) ahead of its codes: q4_1 float16 d and m, q4_1f float32 d and m, q8_0 d
+SCALE_FIELDS = {"q4_1": (2, 2), "q4_1f": (4, 4), "q8_0": (2,)}
+CODE_BYTES = {"q4_1": 16, "q4_1f": 16, "q8_0": 32}  # a block's codes: 32 nibbles or 32 bytes
+BLOCK_BYTES = {kind: sum(fields) + CODE_BYTES[kind] for kind, fields in SCALE_FIELDS.items()}
+GGUF_KINDS = {"Q4_0": "q4_1", "Q4_1": "q4_1", "Q4_K": "q4_1f", "Q8_0": "q8_0"}  # what each GGUF type is held as
+Q4_K_BYTES = 144  # float16 d, float16 dmin, 12 bytes of 6-bit scales and minimums, 256 codes
 
 
 class BlockQuantLinear(nn.Module):
@@ -59,7 +63,10 @@ class BlockQuantLinear(nn.Module):
     @classmethod
     def from_float(cls, weight: torch.Tensor, kind: str, bias: torch.Tensor | None = None) -> BlockQuantLinear:
         """Quantise a float ``weight`` [out, in] into ``kind`` blocks."""
-        encode = quantize_q4_1 if kind == "q4_1" else quantize_q8_0
+        encoders = {"q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
+        if kind not in encoders:
+            raise ValueError(f"float weights are quantised to q4_1 or q8_0 blocks, not {kind!r}")
+        encode = encoders[kind]
         return cls.from_blocks(kind, weight.shape[1], encode(weight.detach().float().cpu()), bias)
 
     @classmethod
@@ -72,6 +79,8 @@ class BlockQuantLinear(nn.Module):
             raw = torch.from_numpy(np.asarray(data, dtype=np.uint8))
         if ggml_type == "Q4_0":
             raw = q4_0_as_q4_1(raw)
+        elif ggml_type == "Q4_K":
+            raw = q4_k_as_q4_1f(raw)
         if row_order is not None:  # a row is one output feature with all its blocks: permuting rows is exact
             raw = raw[row_order]
         in_features = raw.shape[1] // BLOCK_BYTES[kind] * BLOCK
@@ -136,10 +145,12 @@ def interleave(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     if rows % GROUP:
         blocks = torch.cat([blocks, blocks.new_zeros(GROUP - rows % GROUP, width)])
     by_position = blocks.reshape(-1, GROUP, count, size).transpose(1, 2)  # [groups, position, row, bytes]
-    scale_bytes = 4 if kind == "q4_1" else 2
-    codes = by_position[..., scale_bytes:].reshape(*by_position.shape[:3], -1, 4).transpose(2, 3)
-    scales = [by_position[..., start : start + 2].flatten(2) for start in range(0, scale_bytes, 2)]
-    return torch.cat([*scales, codes.flatten(2)], dim=-1).reshape(blocks.shape[0] // GROUP, -1).contiguous()
+    fields, start = [], 0
+    for field_bytes in SCALE_FIELDS[kind]:  # each scale field of the eight rows side by side
+        fields.append(by_position[..., start : start + field_bytes].flatten(2))
+        start += field_bytes
+    codes = by_position[..., start:].reshape(*by_position.shape[:3], -1, 4).transpose(2, 3)
+    return torch.cat([*fields, codes.flatten(2)], dim=-1).reshape(blocks.shape[0] // GROUP, -1).contiguous()
 
 
 def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:
@@ -174,6 +185,34 @@ def q4_0_as_q4_1(raw: torch.Tensor) -> torch.Tensor:
     d = blocks[..., :2].contiguous().view(torch.float16)[..., 0]
     m = (d.float() * -8).to(torch.float16)  # a power-of-two multiple: exact unless it overflows float16
     return torch.cat([blocks[..., :2], _half_bytes(m), blocks[..., 2:]], dim=-1).reshape(rows, -1)
+
+
+def q4_k_as_q4_1f(raw: torch.Tensor) -> torch.Tensor:
+    """Q4_K super-blocks (256 weights: ``d * sc_j * q - dmin * m_j`` in eight sub-blocks of 32) as Q4_1 blocks
+    with float32 ``d = d * sc_j`` and ``m = -dmin * m_j`` (exact: a float16 times a 6-bit integer fits float32).
+
+    Q4_K stores each 64 weights as 32 bytes, the first 32 in the low nibbles and the next 32 in the high ones;
+    a Q4_1 block keeps weights ``t`` and ``t + 16`` in byte ``t``.
+    """
+    rows = raw.shape[0]
+    supers = raw.reshape(rows, -1, Q4_K_BYTES)
+    d = supers[..., 0:2].contiguous().view(torch.float16).float()  # [rows, n, 1]
+    dmin = supers[..., 2:4].contiguous().view(torch.float16).float()
+    sc, mins = _q4_k_scales(supers[..., 4:16].to(torch.int32))  # [rows, n, 8] each
+    packed = supers[..., 16:].reshape(rows, -1, 4, 32)  # [rows, n, 64-weight chunk, byte]
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=3).reshape(rows, -1, 8, 32)  # [rows, n, sub-block, weight]
+    nibbles = codes[..., :16] | (codes[..., 16:] << 4)
+    scales = (d * sc.float()).contiguous().view(torch.uint8).reshape(rows, -1, 8, 4)
+    minimums = (-(dmin * mins.float())).contiguous().view(torch.uint8).reshape(rows, -1, 8, 4)
+    return torch.cat([scales, minimums, nibbles], dim=-1).reshape(rows, -1)
+
+
+def _q4_k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eight 6-bit scales and minimums of a Q4_K super-block from its 12 bytes (ggml's get_scale_min_k4)."""
+    low, high, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = torch.cat([low & 63, (rest & 0x0F) | ((low >> 6) << 4)], dim=-1)
+    mins = torch.cat([high & 63, (rest >> 4) | ((high >> 6) << 4)], dim=-1)
+    return sc, mins
 
 
 def _half_bytes(values: torch.Tensor) -> torch.Tensor:

@@ -80,7 +80,7 @@ class NativeDecoder:
         return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm))
 
 
-_KIND_CODES = {"q4_1": 0, "q8_0": 1}  # decode_step.cpp's block kinds
+_KIND_CODES = {"q4_1": 0, "q8_0": 1, "q4_1f": 2}  # decode_step.cpp's block kinds
 
 
 def _or(tensor: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:

@@ -84,6 +84,23 @@ def test_gguf_blocks_are_used_as_they_are(ggml_type):
     torch.testing.assert_close(moved.dequantize(), layer.dequantize()[order], rtol=0, atol=0)
 
 
+def test_q4_k_blocks_are_held_exactly():
+    from gguf import GGMLQuantizationType, dequantize
+
+    rng = np.random.default_rng(3)
+    rows, supers = 16, 2  # 16 x 512 weights
+    d = (rng.random((rows, supers, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    dmin = (rng.random((rows, supers, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    rest = rng.integers(0, 256, (rows, supers, 140), dtype=np.uint8)  # every bit pattern of scales and codes
+    blocks = np.concatenate([d, dmin, rest], axis=-1).reshape(rows, -1)
+    layer = BlockQuantLinear.from_gguf(blocks, "Q4_K")
+    assert layer.kind == "q4_1f" and layer.in_features == 512
+    want = dequantize(blocks, GGMLQuantizationType.Q4_K)
+    np.testing.assert_array_equal(layer.dequantize().numpy(), want)
+    x = torch.randn(3, 512)
+    torch.testing.assert_close(layer(x), _reference_linear(x, torch.from_numpy(want)).float(), rtol=1e-4, atol=1e-4)
+
+
 def test_fused_layers_share_their_blocks():
     torch.manual_seed(2)
     parts = [BlockQuantLinear.from_float(torch.randn(n, 64), "q4_1", torch.randn(n)) for n in (64, 32, 32)]

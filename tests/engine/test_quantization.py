@@ -4,12 +4,15 @@ Also the packed modes' GGUF path: a Q4 GGUF file loaded in ``int4`` keeps the fi
 mapped, the q/k rows un-permuted as transformers does) and chats like the same file loaded in ``none``.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from engine import QUANTIZATIONS, Engine, EngineConfig, SamplingParams
 from engine.devices import resolve_quantization
-from engine.models.fit import estimate
+from engine.models.fit import estimate, output_head, weight_bytes
+from engine.models.model_info import read_model_info
 from engine.models.sources import resolve_source
 from engine.step import kernels
 from engine.step.block_linear import BlockQuantLinear
@@ -158,6 +161,35 @@ def test_q4_gguf_in_int4_matches_generate_on_its_own_modules(q4_1_engines):
     engine = q4_1_engines["int4"]
     prompts = [engine.encode_prompt([{"role": "user", "content": text}]) for text in ("one two", "hi " * 20)]
     assert_greedy_parity(engine, prompts, 16)
+
+
+@pytest.mark.skipif(not NATIVE, reason="Q4_K blocks are kept by the native kernels only")
+def test_q4_k_gguf_in_int4_keeps_the_files_weights(tiny_llama, tokenizer_dir, tmp_path):
+    """Q4_K (most GGUF downloads) is held exactly, with float32 sub-block scales, not quantised again."""
+    from tests.helpers.tiny_models import write_tiny_model
+
+    model_dir = write_tiny_model("llama", tmp_path / "wide", tokenizer_dir, hidden_size=256, intermediate_size=512,
+                                 num_attention_heads=4, num_key_value_heads=2)
+    path = write_tiny_llama_gguf(model_dir, tmp_path / "tiny-Q4_K.gguf", linear_type="Q4_K")
+    engines = {mode: Engine(EngineConfig(model=str(path), quantization=mode, num_kv_blocks=32))
+               for mode in ("none", "int4")}
+    reference, packed = (engines[mode].loaded.model for mode in ("none", "int4"))
+    for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.down_proj"):
+        layer = packed.model.layers[1].get_submodule(name)
+        assert type(layer) is BlockQuantLinear and layer.kind == "q4_1f", name
+        expected = reference.model.layers[1].get_submodule(name).weight.detach()
+        torch.testing.assert_close(layer.dequantize(), expected, atol=0, rtol=0)
+    assert engines["int4"].loaded.warnings == []  # nothing re-quantised
+    measured = engines["int4"].stats().model_memory_bytes
+    predicted = estimate(EngineConfig(model=str(path), quantization="int4")).weight_bytes
+    assert abs(predicted - measured) <= 0.05 * measured
+    info = read_model_info(resolve_source(str(path)))  # and the estimate counts the float32 scales exactly
+    assert info.q4_k_linear_count == info.linear_parameter_count > 0
+    args = (torch.float32, output_head(resolve_source(str(path))), torch.device("cpu"))
+    extra = weight_bytes(info, "int4", *args) - weight_bytes(replace(info, q4_k_linear_count=0), "int4", *args)
+    assert extra == info.q4_k_linear_count * 4 // 32
+    prompt = engines["int4"].encode_prompt([{"role": "user", "content": "rivers and mountains"}])
+    assert_greedy_parity(engines["int4"], [prompt], 12)
 
 
 def test_packed_gguf_load_makes_no_converted_copy(q4_ggufs, tmp_path, monkeypatch):

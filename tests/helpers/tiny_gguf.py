@@ -66,7 +66,35 @@ def _add_tensor(writer, name: str, array: np.ndarray, linear_type: str) -> None:
         writer.add_tensor(name, array)
         return
     kind = gguf.GGMLQuantizationType[linear_type]
-    writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+    blocks = quantize_q4_k(array) if linear_type == "Q4_K" else gguf.quants.quantize(array, kind)
+    writer.add_tensor(name, blocks, raw_dtype=kind)
+
+
+def quantize_q4_k(weight: np.ndarray) -> np.ndarray:
+    """Q4_K super-blocks of ``weight`` [rows, cols % 256 == 0] (the gguf package reads them, but can't write them).
+
+    Per 32 weights ``w ~ d * sc * q - dmin * m`` with 6-bit ``sc`` and ``m``; a plain min/max fit, enough for
+    tests: the point is a file in the format, decoded exactly as ggml decodes it.
+    """
+    rows, cols = weight.shape
+    groups = weight.astype(np.float32).reshape(rows, cols // 256, 8, 32)
+    low = np.minimum(groups.min(-1), 0.0)  # Q4_K's minimum is subtracted: m >= 0
+    step = (groups.max(-1) - low) / 15
+    d = (step.max(-1, keepdims=True) / 63).astype(np.float16)
+    dmin = (-low.min(-1, keepdims=True) / 63).astype(np.float16)
+    sc = np.clip(np.round(step / np.maximum(d.astype(np.float32), 1e-30)), 1, 63).astype(np.uint8)
+    m = np.clip(np.round(-low / np.maximum(dmin.astype(np.float32), 1e-30)), 0, 63).astype(np.uint8)
+    scale = d.astype(np.float32) * sc
+    codes = np.round((groups + (dmin.astype(np.float32) * m)[..., None]) / np.maximum(scale, 1e-30)[..., None])
+    codes = np.clip(codes, 0, 15).astype(np.uint8).reshape(rows, cols // 256, 4, 2, 32)
+    qs = (codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)).reshape(rows, cols // 256, 128)
+    packed = np.concatenate([  # ggml's 12-byte layout of eight 6-bit scales and minimums
+        (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6),
+        (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6),
+        (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4),
+    ], axis=-1).astype(np.uint8)
+    return np.concatenate([d.view(np.uint8).reshape(rows, -1, 2), dmin.view(np.uint8).reshape(rows, -1, 2), packed, qs],
+                          axis=-1).reshape(rows, -1)
 
 
 def _gguf_name(name: str) -> str:

@@ -9,7 +9,7 @@
 // "repacked" Q4_0x8 idea applied to Q4_1 and Q8_0. Sizes are unchanged: 20 bytes per 32 weights for Q4_1,
 // 34 for Q8_0.
 //
-// Registered as torch.ops.kvasir_kernels.{q4_1_linear, q8_0_linear, dequantize}; see kernels/__init__.py.
+// Registered as torch.ops.kvasir_kernels.{q4_1_linear, q4_1f_linear, q8_0_linear, dequantize}; see kernels/__init__.py.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -40,6 +40,12 @@ struct GroupQ4_1 {
   uint16_t d[kGroup], m[kGroup];
   uint8_t qs[kGroup * 16];
 };
+// The same with float32 scales: GGUF's Q4_K, whose 32-weight sub-blocks have scales d * sc and minimums
+// -dmin * m (a float16 times a 6-bit integer) that float16 can't hold exactly, but float32 can.
+struct GroupQ4_1F {
+  float d[kGroup], m[kGroup];
+  uint8_t qs[kGroup * 16];
+};
 // Row i's weight j is d[i] * qs[32 k + 4 i + t] with j = 4k + t (k < 8, t < 4).
 struct GroupQ8_0 {
   uint16_t d[kGroup];
@@ -51,6 +57,10 @@ struct BlockQ8x {  // 32 activations: d * q_j, and s = d * sum(q_j)
 };
 static_assert(sizeof(GroupQ4_1) == kGroup * 20, "Q4_1 groups are 8 blocks of 20 bytes");
 static_assert(sizeof(GroupQ8_0) == kGroup * 34, "Q8_0 groups are 8 blocks of 34 bytes");
+static_assert(sizeof(GroupQ4_1F) == kGroup * 24, "Q4_1F groups are 8 blocks of 24 bytes");
+
+inline float scale_value(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
+inline float scale_value(float f) { return f; }
 
 inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
@@ -76,9 +86,10 @@ void quantize_row(const float* x, BlockQ8x* out, int64_t blocks) {
 constexpr int kTile = 4;
 
 #ifdef KVASIR_AVX2
-inline __m256 halves(const uint16_t* h) {
+inline __m256 scales(const uint16_t* h) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
 }
+inline __m256 scales(const float* f) { return _mm256_loadu_ps(f); }
 inline __m256i four_bytes(const int8_t* q, int k) {
   int32_t v;
   std::memcpy(&v, q + 4 * k, 4);
@@ -95,15 +106,15 @@ inline void prefetch_ahead(const Group* g) {
 }
 
 // out[r][i]: row i of the group times activation row r
-template <int Rows>
-void group_q4_1(const GroupQ4_1* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
+template <typename Group, int Rows>
+void group_q4_1(const Group* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[Rows];
   for (int r = 0; r < Rows; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const GroupQ4_1& g = w[b];
+    const Group& g = w[b];
     prefetch_ahead(&g);
-    const __m256 d = halves(g.d), m = halves(g.m);
+    const __m256 d = scales(g.d), m = scales(g.m);
     __m256i codes[8];  // codes[k]: codes 4k..4k+3 of each row
     for (int c = 0; c < 4; ++c) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.qs + 32 * c));
@@ -131,7 +142,7 @@ void group_q8_0(const GroupQ8_0* w, const BlockQ8x* const* x, int64_t blocks, fl
   for (int64_t b = 0; b < blocks; ++b) {
     const GroupQ8_0& g = w[b];
     prefetch_ahead(&g);
-    const __m256 d = halves(g.d);
+    const __m256 d = scales(g.d);
     __m256i codes[8], magnitudes[8];
     for (int k = 0; k < 8; ++k) {
       codes[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.qs + 32 * k));
@@ -152,8 +163,8 @@ void group_q8_0(const GroupQ8_0* w, const BlockQ8x* const* x, int64_t blocks, fl
   for (int r = 0; r < Rows; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
 #else
-template <int Rows>
-void group_q4_1(const GroupQ4_1* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
+template <typename Group, int Rows>
+void group_q4_1(const Group* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
   for (int r = 0; r < Rows; ++r) {
     for (int i = 0; i < kGroup; ++i) {
       float total = 0.f;
@@ -166,7 +177,7 @@ void group_q4_1(const GroupQ4_1* w, const BlockQ8x* const* x, int64_t blocks, fl
             sum += (byte & 0x0F) * a.qs[4 * c + t] + (byte >> 4) * a.qs[16 + 4 * c + t];
           }
         }
-        total += half_to_float(w[b].d[i]) * a.d * static_cast<float>(sum) + half_to_float(w[b].m[i]) * a.s;
+        total += scale_value(w[b].d[i]) * a.d * static_cast<float>(sum) + scale_value(w[b].m[i]) * a.s;
       }
       out[r][i] = total;
     }
@@ -196,7 +207,10 @@ struct GroupDots {
   using Fn = void (*)(const Group*, const BlockQ8x* const*, int64_t, float (*)[kGroup]);
   Fn by_rows[kTile];  // by_rows[k]: k + 1 activation rows at once
 };
-const GroupDots<GroupQ4_1> kQ4_1{{group_q4_1<1>, group_q4_1<2>, group_q4_1<3>, group_q4_1<4>}};
+const GroupDots<GroupQ4_1> kQ4_1{{group_q4_1<GroupQ4_1, 1>, group_q4_1<GroupQ4_1, 2>, group_q4_1<GroupQ4_1, 3>,
+                                  group_q4_1<GroupQ4_1, 4>}};
+const GroupDots<GroupQ4_1F> kQ4_1F{{group_q4_1<GroupQ4_1F, 1>, group_q4_1<GroupQ4_1F, 2>,
+                                    group_q4_1<GroupQ4_1F, 3>, group_q4_1<GroupQ4_1F, 4>}};
 const GroupDots<GroupQ8_0> kQ8_0{{group_q8_0<1>, group_q8_0<2>, group_q8_0<3>, group_q8_0<4>}};
 
 template <typename Group>
@@ -259,47 +273,64 @@ at::Tensor q8_0_linear(const at::Tensor& input, const at::Tensor& weight_groups,
   return block_linear(input, weight_groups, in_features, out_features, kQ8_0);
 }
 
-// The float32 weights [out_features, in_features] of interleaved Q4_1 ("q4_1") or Q8_0 ("q8_0") blocks.
-at::Tensor dequantize(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features,
-                      c10::string_view kind) {
-  const bool is_q4 = kind == "q4_1";
-  TORCH_CHECK(is_q4 || kind == "q8_0", "unknown block kind ", kind);
+at::Tensor q4_1f_linear(const at::Tensor& input, const at::Tensor& weight_groups, int64_t in_features,
+                        int64_t out_features) {
+  return block_linear(input, weight_groups, in_features, out_features, kQ4_1F);
+}
+
+}  // namespace kvasir
+
+namespace {
+
+template <typename Group>
+void dequantize_q4_1(const Group& group, int64_t i, float* values) {
+  const float d = scale_value(group.d[i]), m = scale_value(group.m[i]);
+  for (int c = 0; c < 4; ++c) {
+    for (int t = 0; t < 4; ++t) {
+      const uint8_t byte = group.qs[32 * c + 4 * i + t];
+      values[4 * c + t] = d * static_cast<float>(byte & 0x0F) + m;
+      values[16 + 4 * c + t] = d * static_cast<float>(byte >> 4) + m;
+    }
+  }
+}
+
+void dequantize_q8_0(const GroupQ8_0& group, int64_t i, float* values) {
+  const float d = scale_value(group.d[i]);
+  for (int k = 0; k < 8; ++k) {
+    for (int t = 0; t < 4; ++t) values[4 * k + t] = d * static_cast<float>(group.qs[32 * k + 4 * i + t]);
+  }
+}
+
+template <typename Group, typename Fn>
+at::Tensor dequantize_groups(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features, Fn fn) {
   TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32");
   const int64_t blocks = in_features / kBlock, groups = (out_features + kGroup - 1) / kGroup;
-  const int64_t group_bytes = is_q4 ? sizeof(GroupQ4_1) : sizeof(GroupQ8_0);
   TORCH_CHECK(weight_groups.scalar_type() == at::kByte && weight_groups.is_contiguous() &&
                   weight_groups.dim() == 2 && weight_groups.size(0) == groups &&
-                  weight_groups.size(1) == blocks * group_bytes,
+                  weight_groups.size(1) == blocks * static_cast<int64_t>(sizeof(Group)),
               "weight blocks do not hold ", out_features, " x ", in_features, " weights");
   at::Tensor output = at::empty({out_features, in_features}, weight_groups.options().dtype(at::kFloat));
   float* out = output.data_ptr<float>();
-  const uint8_t* raw = weight_groups.data_ptr<uint8_t>();
+  const auto* all = reinterpret_cast<const Group*>(weight_groups.data_ptr<uint8_t>());
   at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const int64_t g = n / kGroup, i = n % kGroup;
-      for (int64_t b = 0; b < blocks; ++b) {
-        float* values = out + n * in_features + b * kBlock;
-        if (is_q4) {
-          const auto& group = reinterpret_cast<const GroupQ4_1*>(raw)[g * blocks + b];
-          const float d = half_to_float(group.d[i]), m = half_to_float(group.m[i]);
-          for (int c = 0; c < 4; ++c) {
-            for (int t = 0; t < 4; ++t) {
-              const uint8_t byte = group.qs[32 * c + 4 * i + t];
-              values[4 * c + t] = d * static_cast<float>(byte & 0x0F) + m;
-              values[16 + 4 * c + t] = d * static_cast<float>(byte >> 4) + m;
-            }
-          }
-        } else {
-          const auto& group = reinterpret_cast<const GroupQ8_0*>(raw)[g * blocks + b];
-          const float d = half_to_float(group.d[i]);
-          for (int k = 0; k < 8; ++k) {
-            for (int t = 0; t < 4; ++t) values[4 * k + t] = d * static_cast<float>(group.qs[32 * k + 4 * i + t]);
-          }
-        }
-      }
+      for (int64_t b = 0; b < blocks; ++b) fn(all[n / kGroup * blocks + b], n % kGroup, out + n * in_features + b * kBlock);
     }
   });
   return output;
+}
+
+}  // namespace
+
+namespace kvasir {
+
+// The float32 weights [out_features, in_features] of interleaved "q4_1", "q4_1f" or "q8_0" blocks.
+at::Tensor dequantize(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features,
+                      c10::string_view kind) {
+  if (kind == "q4_1") return dequantize_groups<GroupQ4_1>(weight_groups, in_features, out_features, dequantize_q4_1<GroupQ4_1>);
+  if (kind == "q4_1f") return dequantize_groups<GroupQ4_1F>(weight_groups, in_features, out_features, dequantize_q4_1<GroupQ4_1F>);
+  TORCH_CHECK(kind == "q8_0", "unknown block kind ", kind);
+  return dequantize_groups<GroupQ8_0>(weight_groups, in_features, out_features, dequantize_q8_0);
 }
 
 }  // namespace kvasir
@@ -307,11 +338,13 @@ at::Tensor dequantize(const at::Tensor& weight_groups, int64_t in_features, int6
 TORCH_LIBRARY(kvasir_kernels, m) {
   m.def("q4_1_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
   m.def("q8_0_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
+  m.def("q4_1f_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
   m.def("dequantize(Tensor weight_blocks, int in_features, int out_features, str kind) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {
   m.impl("q4_1_linear", kvasir::q4_1_linear);
   m.impl("q8_0_linear", kvasir::q8_0_linear);
+  m.impl("q4_1f_linear", kvasir::q4_1f_linear);
   m.impl("dequantize", kvasir::dequantize);
 }

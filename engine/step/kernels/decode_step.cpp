@@ -16,15 +16,20 @@ namespace {
 
 constexpr int64_t kWeightsPerLayer = 10;  // see decode_layers_
 constexpr int64_t kMatricesPerLayer = 4;  // qkv, o, gate_up, down
-constexpr int64_t kQ4_1 = 0;
+// The block kinds (native_decoder._KIND_CODES): their bytes per 32 weights and their linear operation
+struct BlockKind {
+  int64_t bytes;
+  at::Tensor (*linear)(const at::Tensor&, const at::Tensor&, int64_t, int64_t);
+};
+const BlockKind kKinds[] = {{20, kvasir::q4_1_linear}, {34, kvasir::q8_0_linear}, {24, kvasir::q4_1f_linear}};
 
 // Every matrix of the one-call step has whole groups of eight rows (NativeDecoder checks), so the group count
 // gives the output width.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& groups, int64_t kind, const at::Tensor& bias) {
-  const int64_t group_bytes = 8 * (kind == kQ4_1 ? 20 : 34);
-  const int64_t in_features = groups.size(1) / group_bytes * 32, out_features = groups.size(0) * 8;
-  at::Tensor out = kind == kQ4_1 ? kvasir::q4_1_linear(x, groups, in_features, out_features)
-                                 : kvasir::q8_0_linear(x, groups, in_features, out_features);
+  TORCH_CHECK(kind >= 0 && kind < 3, "unknown block kind ", kind);
+  const BlockKind& block = kKinds[kind];
+  const int64_t in_features = groups.size(1) / (8 * block.bytes) * 32, out_features = groups.size(0) * 8;
+  at::Tensor out = block.linear(x, groups, in_features, out_features);
   if (bias.numel() > 0) out.add_(bias);
   return out;
 }
@@ -50,8 +55,8 @@ namespace kvasir {
 
 // weights: per layer input_norm, qkv_blocks, qkv_bias, o_blocks, o_bias, post_norm, gate_up_blocks, gate_up_bias,
 // down_blocks, down_bias (an empty tensor where there is no bias); kinds: per layer the block kind of qkv, o,
-// gate_up and down (0: Q4_1, 1: Q8_0). residual [T, hidden] is updated in place: it leaves as the last layer's
-// output, before the final norm.
+// gate_up and down (0: Q4_1, 1: Q8_0, 2: Q4_1 with float32 scales). residual [T, hidden] is updated in place:
+// it leaves as the last layer's output, before the final norm.
 void decode_layers_(at::Tensor& residual, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
                     const at::Tensor& block_tables, const at::Tensor& lengths, at::TensorList key_caches,
                     at::TensorList value_caches, at::TensorList weights, at::IntArrayRef kinds, int64_t heads,

@@ -7,6 +7,8 @@ namespace kvasir {
 
 at::Tensor q4_1_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features,
                        int64_t out_features);
+at::Tensor q4_1f_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features,
+                        int64_t out_features);
 at::Tensor q8_0_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features,
                        int64_t out_features);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
