@@ -9,9 +9,9 @@ import torch
 from ..config import EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from ..serving.kv_cache import kv_cache_blocks
-from ..step.block_linear import BLOCK
+from ..step.block_linear import BLOCK, BLOCK_BYTES, GGUF_KINDS
 from ..step.quantization import PACKED_MODES, uses_native_blocks
-from .gguf_info import read_gguf_info
+from .gguf_info import GGML_TYPE_NAMES, read_gguf_info
 from .model_info import ModelInfo, read_model_info
 from .sources import ModelSource, resolve_source
 from .weights_check import model_config
@@ -72,13 +72,15 @@ class OutputHead:
     rows: int
     cols: int
     tied: bool
+    embedding_type: str | None = None  # a GGUF file's token_embd type ("Q8_0", ...), None for float weights
 
 
 def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: OutputHead | None = None,
-                 device: torch.device | None = None) -> int:
+                 device: torch.device | None = None, q4_k_weights: int = 0) -> int:
     """Bytes the loaded weights take for ``quantization`` with compute ``dtype`` on ``device``.
 
-    ``head``: needed for the packed modes, which give the output head an 8-bit copy of its own.
+    ``head``: needed for the packed modes, which give the output head an 8-bit copy of its own;
+    ``q4_k_weights``: linear weights a GGUF file stores as Q4_K (see :func:`q4_k_linear_weights`).
     """
     element = torch.empty((), dtype=dtype).element_size()
     other = info.parameter_count - info.linear_parameter_count
@@ -87,29 +89,51 @@ def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: O
         return info.parameter_count * element
     if quantization in PACKED_MODES:
         native = device is not None and uses_native_blocks(device, BLOCK)
-        return _packed_bytes(info, quantization, element, head or OutputHead(0, 0, True), native)
+        linear = _packed_linear_bytes(info, quantization, native, q4_k_weights)
+        return _packed_bytes(info, quantization, element, head or OutputHead(0, 0, True), native, linear)
     if quantization == "int8":
         return other * element + linear + 4 * info.linear_rows
     return other * element + int(linear * FOUR_BIT_BYTES_PER_WEIGHT)
 
 
-def _packed_bytes(info: ModelInfo, quantization: str, element: int, head: OutputHead, native: bool) -> int:
+def _packed_bytes(info: ModelInfo, quantization: str, element: int, head: OutputHead, native: bool,
+                  linear: int) -> int:
     other = info.parameter_count - info.linear_parameter_count
+    table = head.rows * head.cols
+    if native and head.embedding_type in GGUF_KINDS:  # the file's embedding blocks, shared with a tied head
+        kind = GGUF_KINDS[head.embedding_type]
+        other -= table if head.tied else 2 * table
+        embedding = table * BLOCK_BYTES[kind] // BLOCK
+        return other * element + linear + embedding + (
+            0 if head.tied else int(table * W8_BYTES_PER_WEIGHT))
     if not head.tied:  # the head's float weight becomes the int8 copy
-        other -= head.rows * head.cols
+        other -= table
+    return other * element + linear + int(table * W8_BYTES_PER_WEIGHT)
+
+
+def _packed_linear_bytes(info: ModelInfo, quantization: str, native: bool, q4_k_weights: int) -> int:
     per_weight = INT4_BYTES_PER_WEIGHT if quantization == "int4" else W8_BYTES_PER_WEIGHT
     linear = int(info.linear_parameter_count * per_weight)
     if quantization == "int4" and native:  # Q4_K kept with its float32 scales
-        linear += int(info.q4_k_linear_count * (Q4_K_BYTES_PER_WEIGHT - INT4_BYTES_PER_WEIGHT))
-    return other * element + linear + int(head.rows * head.cols * W8_BYTES_PER_WEIGHT)
+        linear += int(q4_k_weights * (Q4_K_BYTES_PER_WEIGHT - INT4_BYTES_PER_WEIGHT))
+    return linear
+
+
+def q4_k_linear_weights(source: ModelSource) -> int:
+    """How many of a GGUF file's decoder linear weights are stored as Q4_K (0 for other sources)."""
+    if source.kind != "gguf":
+        return 0
+    tensors = read_gguf_info(source.path).tensors
+    return sum(shape[0] * shape[1] for name, (shape, kind) in tensors.items()
+               if name.startswith("blk.") and len(shape) == 2 and GGML_TYPE_NAMES.get(kind) == "Q4_K")
 
 
 def output_head(source: ModelSource) -> OutputHead:
     """The output head's shape from the file headers (it has the embedding's shape)."""
     if source.kind == "gguf":
         tensors = read_gguf_info(source.path).tensors
-        cols, rows = tensors.get("token_embd.weight", ((0, 0), 0))[0]  # GGUF lists dims innermost first
-        return OutputHead(rows, cols, "output.weight" not in tensors)
+        (cols, rows), kind = tensors.get("token_embd.weight", ((0, 0), -1))  # GGUF lists dims innermost first
+        return OutputHead(rows, cols, "output.weight" not in tensors, GGML_TYPE_NAMES.get(kind))
     config = model_config(source.folder)
     tied = bool(config.get("tie_word_embeddings", True))
     return OutputHead(int(config.get("vocab_size", 0)), int(config.get("hidden_size", 0)), tied)
@@ -131,7 +155,7 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     quantization = resolve_quantization(config.quantization, device, source)
     dtype = resolve_dtype(config.dtype, device)
     head = output_head(source) if quantization in PACKED_MODES else None
-    weights = weight_bytes(info, quantization, dtype, head, device)
+    weights = weight_bytes(info, quantization, dtype, head, device, q4_k_linear_weights(source))
     per_token = kv_bytes_per_token(info, dtype)
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)

@@ -27,6 +27,9 @@ WANTED_SUFFIXES = (".context_length", ".block_count", ".embedding_length", ".att
                    ".attention.head_count_kv", ".vocab_size", ".feed_forward_length", ".attention.key_length",
                    ".attention.value_length", ".expert_count")
 TOKEN_LIST_KEY = "tokenizer.ggml.tokens"
+# ggml's tensor type numbers (ggml.h) for the types Kvasir treats by name
+GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K",
+                   11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
-from ..step.block_linear import BlockQuantLinear
+from ..step.block_linear import GGUF_KINDS, BlockEmbedding, BlockQuantLinear
 from ..step.packed_linear import GGUF_BLOCK, Int4Linear, Int8Linear, can_pack_int4
 from ..step.quantization import pack_output_head, packed_layer, quantizable_linears, uses_native_blocks
 from .sources import ModelSource
@@ -52,21 +52,25 @@ def load_packed_gguf(source: ModelSource, mode: str, dtype: torch.dtype, attn: s
 
     done = PackedLoad(_skeleton(source, dtype, attn))
     reader = gguf.GGUFReader(str(source.path))
-    state = _fill(done, reader, mode, dtype, device)
+    state, embedding = _fill(done, reader, mode, dtype, device)
     done.model.load_state_dict(state, strict=False, assign=True)
-    done.model.tie_weights()
+    if embedding is None:
+        done.model.tie_weights()
+    else:
+        _embed_from_blocks(done.model, embedding, tied=not any(t.name == "output.weight" for t in reader.tensors))
     pack_output_head(done.model, device)
     _check_complete(done.model, source)
     return done
 
 
-def _fill(done: PackedLoad, reader, mode: str, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    """Swap in packed layers for the decoder's linear weights; return every other tensor, dequantised."""
+def _fill(done: PackedLoad, reader, mode: str, dtype: torch.dtype, device: torch.device):
+    """Swap in packed layers for the decoder's linear weights; return every other tensor, dequantised, and the
+    token embedding tensor where its blocks are kept (see :func:`_keeps_embedding_blocks`), else None."""
     architecture = _architecture(reader)
     processor = _processor(architecture, done.model.config)
     names = _tensor_names(done.model, architecture)
     linears = _named_linears(done.model)
-    state = {}
+    state, embedding = {}, None
     for tensor in reader.tensors:
         target = names.get(tensor.name)
         if target is None:
@@ -75,9 +79,25 @@ def _fill(done: PackedLoad, reader, mode: str, dtype: torch.dtype, device: torch
         if kind == "weight" and module in linears:
             parent, attr, layer = linears.pop(module)
             setattr(parent, attr, _packed_layer(tensor, mode, processor, layer, done.requantized, device))
+        elif tensor.name == "token_embd.weight" and _keeps_embedding_blocks(tensor, device):
+            embedding = tensor
         else:
             state[target] = _dequantized(tensor, processor, dtype)
-    return state
+    return state, embedding
+
+
+def _keeps_embedding_blocks(tensor, device: torch.device) -> bool:
+    """A quantised token embedding stays in its blocks where the native kernels run (rows are looked up)."""
+    hidden = int(tensor.shape[0])  # GGUF lists dims innermost first
+    return tensor.tensor_type.name in GGUF_KINDS and uses_native_blocks(device, hidden)
+
+
+def _embed_from_blocks(model: nn.Module, tensor, tied: bool) -> None:
+    """The file's token embedding blocks as the model's embedding, and as its output head when tied."""
+    table = BlockQuantLinear.from_gguf(tensor.data, tensor.tensor_type.name)
+    model.set_input_embeddings(BlockEmbedding(table))
+    if tied:
+        model.set_output_embeddings(table)
 
 
 def _skeleton(source: ModelSource, dtype: torch.dtype, attn: str) -> nn.Module:

@@ -101,6 +101,29 @@ class BlockQuantLinear(nn.Module):
         return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
 
 
+class BlockEmbedding(nn.Module):
+    """A token embedding looked up in a block layer's rows: a GGUF file's quantised ``token_embd`` kept as it
+    is, and, where the model ties them, the very blocks its output head multiplies by."""
+
+    def __init__(self, table: BlockQuantLinear) -> None:
+        super().__init__()
+        self.table = table
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = torch.ops.kvasir_kernels.block_rows(self.table.blocks, input_ids.reshape(-1).long().contiguous(),
+                                                   self.embedding_dim, self.num_embeddings, self.table.kind)
+        return rows.reshape(*input_ids.shape, self.embedding_dim)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table in float32 (made on each call: for inspection, not for the step)."""
+        return self.table.dequantize()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.table.kind} blocks"
+
+
 def can_fuse(layers: list[nn.Module]) -> bool:
     """Whether ``layers`` are block layers of one kind over the same inputs, all with biases or none, each of
     whole groups of eight rows (so that their groups can sit one after another)."""

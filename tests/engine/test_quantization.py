@@ -4,14 +4,12 @@ Also the packed modes' GGUF path: a Q4 GGUF file loaded in ``int4`` keeps the fi
 mapped, the q/k rows un-permuted as transformers does) and chats like the same file loaded in ``none``.
 """
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from engine import QUANTIZATIONS, Engine, EngineConfig, SamplingParams
 from engine.devices import resolve_quantization
-from engine.models.fit import estimate, output_head, weight_bytes
+from engine.models.fit import estimate, output_head, q4_k_linear_weights, weight_bytes
 from engine.models.model_info import read_model_info
 from engine.models.sources import resolve_source
 from engine.step import kernels
@@ -183,13 +181,40 @@ def test_q4_k_gguf_in_int4_keeps_the_files_weights(tiny_llama, tokenizer_dir, tm
     measured = engines["int4"].stats().model_memory_bytes
     predicted = estimate(EngineConfig(model=str(path), quantization="int4")).weight_bytes
     assert abs(predicted - measured) <= 0.05 * measured
-    info = read_model_info(resolve_source(str(path)))  # and the estimate counts the float32 scales exactly
-    assert info.q4_k_linear_count == info.linear_parameter_count > 0
-    args = (torch.float32, output_head(resolve_source(str(path))), torch.device("cpu"))
-    extra = weight_bytes(info, "int4", *args) - weight_bytes(replace(info, q4_k_linear_count=0), "int4", *args)
-    assert extra == info.q4_k_linear_count * 4 // 32
+    source = resolve_source(str(path))  # and the estimate counts the float32 scales exactly
+    info, q4_k = read_model_info(source), q4_k_linear_weights(source)
+    assert q4_k == info.linear_parameter_count > 0
+    args = (torch.float32, output_head(source), torch.device("cpu"))
+    assert weight_bytes(info, "int4", *args, q4_k) - weight_bytes(info, "int4", *args) == q4_k * 4 // 32
     prompt = engines["int4"].encode_prompt([{"role": "user", "content": "rivers and mountains"}])
     assert_greedy_parity(engines["int4"], [prompt], 12)
+
+
+@pytest.mark.skipif(not NATIVE, reason="embedding blocks are kept with the native kernels only")
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantised_gguf_embedding_stays_in_its_blocks(tied, tokenizer_dir, tmp_path):
+    """A Q8_0 token_embd is looked up in its blocks (no float32 table), and is the head when tied."""
+    from engine.step.block_linear import BlockEmbedding
+    from tests.helpers.tiny_models import write_tiny_model
+
+    model_dir = write_tiny_model("llama", tmp_path / "model", tokenizer_dir, tie_word_embeddings=tied)
+    path = write_tiny_llama_gguf(model_dir, tmp_path / "tiny.gguf", linear_type="Q4_1", embedding_type="Q8_0")
+    engines = {mode: Engine(EngineConfig(model=str(path), quantization=mode, num_kv_blocks=32))
+               for mode in ("none", "int4")}
+    reference, packed = (engines[mode].loaded.model for mode in ("none", "int4"))
+    embedding = packed.get_input_embeddings()
+    assert type(embedding) is BlockEmbedding and embedding.table.kind == "q8_0"
+    ids = torch.tensor([[0, 5, 49151], [17, 17, 2]])
+    torch.testing.assert_close(embedding(ids), reference.get_input_embeddings()(ids), atol=0, rtol=0)
+    assert (packed.lm_head is embedding.table) == tied
+    assert not any(p.dtype == torch.float32 and p.numel() >= 49152 * 64 for p in packed.parameters())
+    measured = engines["int4"].stats().model_memory_bytes
+    predicted = estimate(EngineConfig(model=str(path), quantization="int4")).weight_bytes
+    assert abs(predicted - measured) <= 0.05 * measured
+    prompt = engines["int4"].encode_prompt([{"role": "user", "content": "rivers and mountains"}])
+    assert_greedy_parity(engines["int4"], [prompt], 12)
+    with pytest.raises(RuntimeError, match="outside"):
+        embedding(torch.tensor([49152]))
 
 
 def test_packed_gguf_load_makes_no_converted_copy(q4_ggufs, tmp_path, monkeypatch):

@@ -25,11 +25,12 @@ def _permute_for_rope(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def write_tiny_llama_gguf(model_dir: Path, path: Path, chat_template: str | None = "default",
-                          linear_type: str = "F32") -> Path:
+                          linear_type: str = "F32", embedding_type: str = "F32") -> Path:
     """Convert the tiny llama folder ``model_dir`` (float32 safetensors) into the GGUF file ``path``.
 
     ``linear_type``: how the decoder's linear weights are stored ("F32", or a block type such as "Q4_1",
-    "Q4_0", "Q8_0", quantised by the ``gguf`` package the way llama.cpp's quantiser writes them).
+    "Q4_0", "Q8_0", quantised by the ``gguf`` package the way llama.cpp's quantiser writes them);
+    ``embedding_type``: the same for ``token_embd``.
     """
     import gguf
 
@@ -50,7 +51,9 @@ def write_tiny_llama_gguf(model_dir: Path, path: Path, chat_template: str | None
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(writer, model_dir, chat_template)
     for name, tensor in tensors.items():
-        _add_tensor(writer, _gguf_name(name), _gguf_array(name, tensor, config), linear_type)
+        gguf_name = _gguf_name(name)
+        stored = embedding_type if gguf_name == "token_embd.weight" else linear_type
+        _add_tensor(writer, gguf_name, _gguf_array(name, tensor, config), stored)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -61,8 +64,8 @@ def write_tiny_llama_gguf(model_dir: Path, path: Path, chat_template: str | None
 def _add_tensor(writer, name: str, array: np.ndarray, linear_type: str) -> None:
     import gguf
 
-    is_linear = name.startswith("blk.") and array.ndim == 2
-    if not is_linear or linear_type == "F32":
+    is_matrix = (name.startswith("blk.") or name == "token_embd.weight") and array.ndim == 2
+    if not is_matrix or linear_type == "F32":
         writer.add_tensor(name, array)
         return
     kind = gguf.GGMLQuantizationType[linear_type]

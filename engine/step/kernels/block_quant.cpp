@@ -9,7 +9,7 @@
 // "repacked" Q4_0x8 idea applied to Q4_1 and Q8_0. Sizes are unchanged: 20 bytes per 32 weights for Q4_1,
 // 34 for Q8_0.
 //
-// Registered as torch.ops.kvasir_kernels.{q4_1_linear, q4_1f_linear, q8_0_linear, dequantize}; see kernels/__init__.py.
+// Registered as torch.ops.kvasir_kernels.{q4_1_linear, q4_1f_linear, q8_0_linear, dequantize, block_rows}; see kernels/__init__.py.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -302,19 +302,32 @@ void dequantize_q8_0(const GroupQ8_0& group, int64_t i, float* values) {
 }
 
 template <typename Group, typename Fn>
-at::Tensor dequantize_groups(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features, Fn fn) {
+at::Tensor dequantize_groups(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features,
+                             const c10::optional<at::Tensor>& rows, Fn fn) {
   TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32");
   const int64_t blocks = in_features / kBlock, groups = (out_features + kGroup - 1) / kGroup;
   TORCH_CHECK(weight_groups.scalar_type() == at::kByte && weight_groups.is_contiguous() &&
                   weight_groups.dim() == 2 && weight_groups.size(0) == groups &&
                   weight_groups.size(1) == blocks * static_cast<int64_t>(sizeof(Group)),
               "weight blocks do not hold ", out_features, " x ", in_features, " weights");
-  at::Tensor output = at::empty({out_features, in_features}, weight_groups.options().dtype(at::kFloat));
+  const int64_t* picked = nullptr;
+  int64_t count = out_features;
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->scalar_type() == at::kLong && rows->is_contiguous() && rows->dim() == 1,
+                "rows must be a contiguous int64 vector");
+    picked = rows->data_ptr<int64_t>();
+    count = rows->numel();
+    for (int64_t r = 0; r < count; ++r) {
+      TORCH_CHECK(picked[r] >= 0 && picked[r] < out_features, "row ", picked[r], " is outside 0..", out_features - 1);
+    }
+  }
+  at::Tensor output = at::empty({count, in_features}, weight_groups.options().dtype(at::kFloat));
   float* out = output.data_ptr<float>();
   const auto* all = reinterpret_cast<const Group*>(weight_groups.data_ptr<uint8_t>());
-  at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      for (int64_t b = 0; b < blocks; ++b) fn(all[n / kGroup * blocks + b], n % kGroup, out + n * in_features + b * kBlock);
+  at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = picked ? picked[r] : r;
+      for (int64_t b = 0; b < blocks; ++b) fn(all[n / kGroup * blocks + b], n % kGroup, out + r * in_features + b * kBlock);
     }
   });
   return output;
@@ -324,13 +337,28 @@ at::Tensor dequantize_groups(const at::Tensor& weight_groups, int64_t in_feature
 
 namespace kvasir {
 
-// The float32 weights [out_features, in_features] of interleaved "q4_1", "q4_1f" or "q8_0" blocks.
+// The float32 weights [out_features, in_features] of interleaved "q4_1", "q4_1f" or "q8_0" blocks; with `rows`
+// (int64 row numbers), only those rows, [rows.numel(), in_features]: an embedding lookup.
+at::Tensor dequantize_rows(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features,
+                           c10::string_view kind, const c10::optional<at::Tensor>& rows) {
+  if (kind == "q4_1") {
+    return dequantize_groups<GroupQ4_1>(weight_groups, in_features, out_features, rows, dequantize_q4_1<GroupQ4_1>);
+  }
+  if (kind == "q4_1f") {
+    return dequantize_groups<GroupQ4_1F>(weight_groups, in_features, out_features, rows, dequantize_q4_1<GroupQ4_1F>);
+  }
+  TORCH_CHECK(kind == "q8_0", "unknown block kind ", kind);
+  return dequantize_groups<GroupQ8_0>(weight_groups, in_features, out_features, rows, dequantize_q8_0);
+}
+
 at::Tensor dequantize(const at::Tensor& weight_groups, int64_t in_features, int64_t out_features,
                       c10::string_view kind) {
-  if (kind == "q4_1") return dequantize_groups<GroupQ4_1>(weight_groups, in_features, out_features, dequantize_q4_1<GroupQ4_1>);
-  if (kind == "q4_1f") return dequantize_groups<GroupQ4_1F>(weight_groups, in_features, out_features, dequantize_q4_1<GroupQ4_1F>);
-  TORCH_CHECK(kind == "q8_0", "unknown block kind ", kind);
-  return dequantize_groups<GroupQ8_0>(weight_groups, in_features, out_features, dequantize_q8_0);
+  return dequantize_rows(weight_groups, in_features, out_features, kind, c10::nullopt);
+}
+
+at::Tensor block_rows(const at::Tensor& weight_groups, const at::Tensor& rows, int64_t in_features,
+                      int64_t out_features, c10::string_view kind) {
+  return dequantize_rows(weight_groups, in_features, out_features, kind, rows);
 }
 
 }  // namespace kvasir
@@ -340,6 +368,7 @@ TORCH_LIBRARY(kvasir_kernels, m) {
   m.def("q8_0_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
   m.def("q4_1f_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
   m.def("dequantize(Tensor weight_blocks, int in_features, int out_features, str kind) -> Tensor");
+  m.def("block_rows(Tensor weight_blocks, Tensor rows, int in_features, int out_features, str kind) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {
@@ -347,4 +376,5 @@ TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {
   m.impl("q8_0_linear", kvasir::q8_0_linear);
   m.impl("q4_1f_linear", kvasir::q4_1f_linear);
   m.impl("dequantize", kvasir::dequantize);
+  m.impl("block_rows", kvasir::block_rows);
 }
