@@ -10,8 +10,6 @@ from .gguf_info import read_gguf_info
 from .sources import ModelSource
 from .weights_check import model_config, safetensors_shapes, weight_files
 
-Q4_K_TYPE = 12  # ggml's number for Q4_K
-
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
@@ -30,7 +28,6 @@ class ModelInfo:
     source: str
     kind: str
     licence: str | None
-    q4_k_linear_count: int = 0  # of the linear weights, those a GGUF file stores as Q4_K
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,14 +42,13 @@ def _gguf_info(source: ModelSource) -> ModelInfo:
     info = read_gguf_info(source.path)
     heads = info.positive_int(".attention.head_count", 1)
     hidden = info.positive_int(".embedding_length")
-    linear = {name: shape for name, (shape, _) in info.tensors.items() if name.startswith("blk.") and len(shape) == 2}
-    q4_k = [shape for name, shape in linear.items() if info.tensors[name][1] == Q4_K_TYPE]
+    linear = [shape for name, (shape, _) in info.tensors.items() if name.startswith("blk.") and len(shape) == 2]
     return ModelInfo(
         name=source.name,
         architecture=info.architecture,
         parameter_count=info.parameter_count,
-        linear_parameter_count=sum(a * b for a, b in linear.values()),
-        linear_rows=sum(shape[1] for shape in linear.values()),  # GGUF lists dims innermost first: (in, out)
+        linear_parameter_count=sum(a * b for a, b in linear),
+        linear_rows=sum(shape[1] for shape in linear),  # GGUF lists dims innermost first: (in, out)
         context_length=info.positive_int(".context_length", 2048),
         num_layers=info.positive_int(".block_count"),
         num_kv_heads=info.positive_int(".attention.head_count_kv", heads),
@@ -61,7 +57,6 @@ def _gguf_info(source: ModelSource) -> ModelInfo:
         source=source.origin,
         kind="gguf",
         licence=info.metadata.get("general.license"),
-        q4_k_linear_count=sum(a * b for a, b in q4_k),
     )
 
 
