@@ -8,7 +8,8 @@ from dataclasses import dataclass
 # engine/step/packed_linear.py on CUDA)
 QUANTIZATIONS = ("auto", "none", "int4", "w8", "int8", "nf4", "fp4")
 WEIGHT_MODES = QUANTIZATIONS[1:]  # what ``auto`` chooses between
-AUTO_QUANTIZATION_RULE = "auto: nf4 on CUDA; on the CPU int4 or w8 for a 4- or 8-bit GGUF file, else none"
+AUTO_QUANTIZATION_RULE = ("auto: on CUDA the compute dtype where the model fits, else nf4; on the CPU int4 or w8 "
+                          "for a 4- or 8-bit GGUF file, else none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -17,7 +18,7 @@ class EngineConfig:
     """Everything that fixes how the engine loads a model and shares its KV cache."""
 
     model: str = "default"
-    quantization: str = "auto"  # nf4 on CUDA; on the CPU int4 / w8 for GGUF files, else none
+    quantization: str = "auto"  # see AUTO_QUANTIZATION_RULE
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16

@@ -27,21 +27,42 @@ def resolve_device(spec: str) -> tuple[torch.device, str]:
 
 
 def cuda_kernel_problem(device: torch.device) -> str | None:
-    """None when a small matmul and a bitsandbytes 4-bit kernel run on ``device``; else what failed."""
+    """None when a small bfloat16 matmul runs on ``device``; else what failed, with the error's own words.
+
+    bitsandbytes is not part of this probe: a bitsandbytes problem turns its modes off (see
+    :func:`bitsandbytes_problem`), never the GPU.
+    """
     try:
         a = torch.ones(8, 8, device=device, dtype=torch.bfloat16)
         (a @ a).sum().item()
     except Exception as exc:
-        return f"a CUDA kernel failed on this GPU ({exc.__class__.__name__})"
-    try:
-        from .step.quantization import import_bitsandbytes
-
-        functional = import_bitsandbytes().functional
-        packed, state = functional.quantize_4bit(torch.ones(64, 64, device=device, dtype=torch.bfloat16))
-        functional.dequantize_4bit(packed, state).sum().item()
-    except Exception:
-        return "bitsandbytes has no kernels for this GPU"
+        return f"a CUDA kernel failed on this GPU ({_in_words(exc)})"
     return None
+
+
+BITSANDBYTES_MODES = ("int8", "nf4", "fp4")
+_bitsandbytes_problems: dict[str, str | None] = {}
+
+
+def bitsandbytes_problem(device: torch.device) -> str | None:
+    """None when bitsandbytes imports and its 4-bit kernels run on ``device``; else why not (checked once)."""
+    key = str(device)
+    if key not in _bitsandbytes_problems:
+        try:
+            from .step.quantization import import_bitsandbytes
+
+            functional = import_bitsandbytes().functional
+            packed, state = functional.quantize_4bit(torch.ones(64, 64, device=device, dtype=torch.bfloat16))
+            functional.dequantize_4bit(packed, state).sum().item()
+            _bitsandbytes_problems[key] = None
+        except Exception as exc:
+            _bitsandbytes_problems[key] = f"bitsandbytes does not run on {key} ({_in_words(exc)})"
+    return _bitsandbytes_problems[key]
+
+
+def _in_words(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{exc.__class__.__name__}: {text[:200]}" if text else exc.__class__.__name__
 
 
 def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
@@ -51,19 +72,49 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     return getattr(torch, spec)
 
 
-def resolve_quantization(spec: str, device: torch.device, source=None) -> str:
-    """``auto``: nf4 on CUDA; on the CPU the packed mode that fits a GGUF file's weights, else none.
+def resolve_quantization(spec: str, device: torch.device, source=None, dtype: torch.dtype | None = None) -> str:
+    """The quantisation to load with; see :func:`choose_quantization`."""
+    return choose_quantization(spec, device, source, dtype)[0]
 
-    Measured on the default model (Q4_1) on a 2-core CPU, one chat decodes about 1.5 times as fast in
-    ``int4`` (the file's blocks, kept packed) as in ``none`` (float32), in under half the memory.
+
+def choose_quantization(spec: str, device: torch.device, source=None,
+                        dtype: torch.dtype | None = None) -> tuple[str, str | None]:
+    """The quantisation for ``spec`` on ``device``, and a note for the user when ``auto`` had to settle.
+
+    ``auto`` on CUDA: the compute dtype (bfloat16) when the weights fit with room for a full context of KV
+    cache, else nf4; with bitsandbytes unusable, the compute dtype and a note saying why. On the CPU: the
+    packed mode that fits a GGUF file's weights, else none. Measured on the default model (Q4_1) on a 2-core
+    CPU, one chat decodes several times as fast in ``int4`` (the file's blocks, kept packed) as in ``none``.
+    A bitsandbytes mode asked for by name on a GPU where bitsandbytes can't run is refused with the reason.
     """
     if spec != "auto":
-        return spec
+        if device.type == "cuda" and spec in BITSANDBYTES_MODES and (problem := bitsandbytes_problem(device)):
+            raise ModelLoadError(f"quantization {spec!r} needs bitsandbytes, but {problem}; "
+                                 "choose 'none' or 'int4' instead")
+        return spec, None
     if device.type == "cuda":
-        return "nf4"
+        return _auto_on_cuda(device, source, dtype or torch.bfloat16)
     if source is not None and source.kind == "gguf":
-        return _packed_mode_for_gguf(source)
-    return "none"
+        return _packed_mode_for_gguf(source), None
+    return "none", None
+
+
+def _auto_on_cuda(device: torch.device, source, dtype: torch.dtype) -> tuple[str, str | None]:
+    if source is not None and _fits_unquantised(source, dtype, available_memory(device)):
+        return "none", None
+    if problem := bitsandbytes_problem(device):
+        return "none", f"4-bit quantisation is off: {problem}"
+    return "nf4", None
+
+
+def _fits_unquantised(source, dtype: torch.dtype, free_bytes: int) -> bool:
+    """Whether the weights in ``dtype`` and a full context of KV cache take at most 90% of ``free_bytes``."""
+    from .models.fit import MEMORY_SHARE, kv_bytes_per_token, weight_bytes
+    from .models.model_info import read_model_info
+
+    info = read_model_info(source)
+    needed = weight_bytes(info, "none", dtype) + info.context_length * kv_bytes_per_token(info, dtype)
+    return needed <= MEMORY_SHARE * free_bytes
 
 
 def _packed_mode_for_gguf(source) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import EngineConfig
-from ..devices import resolve_dtype, resolve_quantization
+from ..devices import choose_quantization, resolve_dtype
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..step import kernels
 from ..step.quantization import PACKED_MODES, module_bytes, quantize_model
@@ -63,12 +63,14 @@ def load_model(
     if source.kind == "hf":
         check_architecture_known(source.folder)  # transformers' own refusal comes later, as a page of text
     dtype = resolve_dtype(config.dtype, device)
-    quantization = resolve_quantization(config.quantization, device, source)
+    quantization, quantization_note = choose_quantization(config.quantization, device, source, dtype)
     from_blocks = source.kind == "gguf" and quantization in PACKED_MODES  # packed straight from the file
     converted = gguf_cache.lookup(source)
     files = ModelSource(source.name, converted, origin=source.origin) if converted else source
     report(0.05, "reading the tokenizer")
     tokenizer, warnings = load_tokenizer(files)  # a converted copy's tokenizer reads faster, even for from_blocks
+    if quantization_note:
+        warnings.append(quantization_note)
     if from_blocks:
         files = source
     if quantization in PACKED_MODES and device.type == "cpu":

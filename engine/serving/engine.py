@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 
 from ..config import EngineConfig
-from ..devices import available_memory, resolve_device
+from ..devices import available_memory, resolve_device, resolve_dtype
 from ..errors import EngineError, ModelLoadError
 from ..models.fit import FitEstimate, estimate
 from ..models.loader import LoadedModel, Progress, load_model
@@ -51,7 +51,7 @@ class Engine:
             raise ModelLoadError(f"this configuration does not fit in memory: {fit.summary()}")
         self.config = config
         self.device, self.device_reason = resolve_device(config.device)
-        self.attention_backend = self._pick_backend()
+        self.attention_backend, self.attention_reason = self._pick_backend()
         block_size = config.block_size
         if self.attention_backend == "flash_attn" and block_size % attention.FLASH_BLOCK_SIZE:
             block_size = attention.FLASH_BLOCK_SIZE
@@ -233,6 +233,7 @@ class Engine:
             dtype=str(self.loaded.dtype).removeprefix("torch."),
             quantization=self.loaded.quantization,
             attention_backend=self.attention_backend,
+            attention_reason=self.attention_reason,
             model_name=self.loaded.source.name,
             model_memory_bytes=self.loaded.memory_bytes,
             peak_load_bytes=self.loaded.peak_load_bytes,
@@ -288,17 +289,28 @@ class Engine:
 
     # -- internals ----------------------------------------------------------------------------------
 
-    def _pick_backend(self) -> str:
+    def _pick_backend(self) -> tuple[str, str]:
+        """The attention backend for this model on this device, and why."""
         wanted = self.config.attention_backend
         if wanted == "torch" or self.device.type != "cuda":
             if wanted == "flash_attn":
                 raise ValueError("the flash_attn backend needs a CUDA device")
-            return "torch"
-        if attention.flash_attn_available():
-            return "flash_attn"
+            return "torch", "chosen in the settings" if wanted == "torch" else "flash-attn runs on CUDA only"
+        if not attention.flash_attn_available():
+            if wanted == "flash_attn":
+                raise ValueError("attention_backend='flash_attn' was asked for, but flash-attn is not importable")
+            return "torch", "flash-attn is not installed"
+        from ..models.model_info import read_model_info
+        from ..models.sources import resolve_source
+
+        head_dim = read_model_info(resolve_source(self.config.model)).head_dim
+        dtype = resolve_dtype(self.config.dtype, self.device)
+        problem = attention.flash_attn_problem(dtype, torch.cuda.get_device_capability(self.device), head_dim)
+        if problem is None:
+            return "flash_attn", "flash-attn's paged kernel"
         if wanted == "flash_attn":
-            raise ValueError("attention_backend='flash_attn' was asked for, but flash-attn is not importable")
-        return "torch"
+            raise ValueError(f"attention_backend='flash_attn' was asked for, but {problem}")
+        return "torch", problem
 
     def _num_kv_blocks(self, shape: KVShape) -> int:
         return kv_cache_blocks(self.config, self.device, shape.bytes_per_token(), self.max_model_len,

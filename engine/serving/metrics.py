@@ -80,6 +80,7 @@ class EngineStats:
     kv_cache_memory_bytes: int
     max_model_len: int
     peak_load_bytes: int = 0
+    attention_reason: str = ""  # why this attention backend (flash-attn's limits, say)
     warnings: tuple[str, ...] = ()
     requests: tuple[RequestSnapshot, ...] = ()
 

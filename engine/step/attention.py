@@ -277,6 +277,20 @@ def flash_attn_available() -> bool:
 
 
 FLASH_BLOCK_SIZE = 256  # flash-attn's paged kernel needs a multiple of 256
+FLASH_MIN_CAPABILITY = (8, 0)  # flash-attn 2: Ampere or newer
+FLASH_MAX_HEAD_DIM = 256
+
+
+def flash_attn_problem(dtype: torch.dtype, capability: tuple[int, int], head_dim: int) -> str | None:
+    """Why flash-attn's kernel can't run this model on this GPU (None when it can): it computes in float16 or
+    bfloat16 only, on compute capability 8.0 or newer, for head sizes up to 256 in multiples of 8."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"flash-attn computes in float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    if tuple(capability) < FLASH_MIN_CAPABILITY:
+        return f"flash-attn needs compute capability 8.0 or newer; this GPU has {capability[0]}.{capability[1]}"
+    if head_dim > FLASH_MAX_HEAD_DIM or head_dim % 8:
+        return f"flash-attn takes head sizes up to {FLASH_MAX_HEAD_DIM} in multiples of 8; this model's is {head_dim}"
+    return None
 
 
 def register() -> str:

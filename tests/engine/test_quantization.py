@@ -246,4 +246,3 @@ def test_auto_on_the_cpu_follows_the_gguf_weights(q4_ggufs, tiny_llama, tmp_path
     assert chosen == {"Q4_1": "int4", "Q4_0": "int4", "Q8_0": "w8"}
     assert resolve_quantization("auto", cpu, resolve_source(str(f32))) == "none"
     assert resolve_quantization("auto", cpu, resolve_source(str(tiny_llama))) == "none"
-    assert resolve_quantization("auto", torch.device("cuda")) == "nf4"
