@@ -66,6 +66,23 @@ inline __m256 exp8(__m256 x) {
 }
 #endif
 
+#ifdef KVASIR_AVX2
+// q . (k[p] + offset) for eight rows k[p] of `dim` floats (a multiple of 8), as one vector
+inline __m256 dot8(const float* q, const float* const* k, int64_t offset, int64_t dim) {
+  __m256 acc[8];
+  for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < dim; j += 8) {
+    const __m256 qj = _mm256_loadu_ps(q + j);
+    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(qj, _mm256_loadu_ps(k[p] + offset + j), acc[p]);
+  }
+  // pairwise sums: lane p of the result is the sum of acc[p]'s eight lanes
+  const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+#endif
+
 // row[j] = e^(row[j] - top), returning their sum
 float exp_shifted(float* row, int64_t n, float top) {
   int64_t j = 0;
@@ -101,7 +118,21 @@ void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, co
                      int64_t first, int64_t last, int64_t group, float scale, std::vector<float>& scores) {
   const int64_t rows = (last - first) * group, dim = kv.dim;  // query heads here; each row of q is one head
   scores.resize(static_cast<size_t>(rows * length));
-  for (int64_t pos = 0; pos < length; ++pos) {
+  int64_t pos = 0;
+#ifdef KVASIR_AVX2
+  if (dim % 8 == 0) {  // eight positions at a time: their dot products leave as one vector of scores
+    const float* k[8];
+    for (; pos + 8 <= length; pos += 8) {
+      for (int p = 0; p < 8; ++p) k[p] = kv.row(kv.keys, table, pos + p, first);
+      for (int64_t h = 0; h < rows; ++h) {
+        const int64_t offset = (h / group) * dim;
+        _mm256_storeu_ps(scores.data() + h * length + pos,
+                         _mm256_mul_ps(dot8(q + h * dim, k, offset, dim), _mm256_set1_ps(scale)));
+      }
+    }
+  }
+#endif
+  for (; pos < length; ++pos) {
     const float* k = kv.row(kv.keys, table, pos, first);
     for (int64_t h = 0; h < rows; ++h) scores[h * length + pos] = dot(q + h * dim, k + (h / group) * dim, dim) * scale;
   }
