@@ -19,11 +19,17 @@ class SamplingRow:
 
 
 class Sampler:
-    """Picks one token per row. Every operation runs on the whole batch at once."""
+    """Picks one token per row. Every operation runs on the whole batch at once, on the logits' device; the
+    only wait for the device is the final ``tolist()``."""
 
     def __init__(self, seed: int | None = None) -> None:
-        self._generator = torch.Generator()
-        self._generator.manual_seed(seed if seed is not None else torch.seed())
+        self._seed = seed if seed is not None else torch.seed()
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self._seed)
+        return self._generators[device]
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
         logits = logits.float()
@@ -32,18 +38,19 @@ class Sampler:
         if all(greedy):
             return logits.argmax(dim=-1).tolist()
         probs = _filtered_probs(logits, rows)
-        noise = self._exponential_noise(rows, probs.shape[-1]).to(probs.device)
+        noise = self._exponential_noise(rows, probs.shape[-1], probs.device)
         sampled = (probs / noise).argmax(dim=-1)  # exponential race: a draw from ``probs``
         if any(greedy):
             sampled = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), sampled)
         return sampled.tolist()
 
-    def _exponential_noise(self, rows: list[SamplingRow], vocab: int) -> torch.Tensor:
-        """Exp(1) noise per row; a seeded row's noise depends only on its seed and output index."""
-        noise = torch.empty(len(rows), vocab).exponential_(generator=self._generator)
+    def _exponential_noise(self, rows: list[SamplingRow], vocab: int, device: torch.device) -> torch.Tensor:
+        """Exp(1) noise per row, drawn on ``device``; a seeded row's noise depends only on its seed and output
+        index (and the device)."""
+        noise = torch.empty(len(rows), vocab, device=device).exponential_(generator=self._generator(device))
         for i, row in enumerate(rows):
             if row.params.seed is not None and not row.params.greedy:
-                generator = torch.Generator().manual_seed(_mix(row.params.seed, row.output_index))
+                generator = torch.Generator(device=device).manual_seed(_mix(row.params.seed, row.output_index))
                 noise[i].exponential_(generator=generator)
         return noise.clamp_min_(1e-20)
 
@@ -77,11 +84,11 @@ def _filtered_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     device = logits.device
     temperature = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=device)[:, None]
     probs = torch.softmax(logits / temperature, dim=-1)
+    if not any(r.params.top_k > 0 or r.params.top_p < 1 or r.params.min_p > 0 for r in rows):
+        return probs  # decided from the parameters: no wait for the device
     top_k = torch.tensor([r.params.top_k for r in rows], device=device)
     top_p = torch.tensor([r.params.top_p for r in rows], device=device)
     min_p = torch.tensor([r.params.min_p for r in rows], device=device)
-    if not ((top_k > 0).any() or (top_p < 1).any() or (min_p > 0).any()):
-        return probs
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     rank = torch.arange(probs.shape[-1], device=device)[None, :]
     keep = (top_k[:, None] == 0) | (rank < top_k[:, None])
