@@ -81,6 +81,48 @@ def lookup(source: ModelSource) -> Path | None:
         return None
 
 
+HEADERS_SUFFIX = "-headers"  # the small copy: config.json and the tokenizer's files only
+
+
+def header_folder(source: ModelSource) -> Path | None:
+    """A folder holding a GGUF file's config.json and tokenizer as transformers read them before: the
+    converted copy where there is one, else the small headers copy that packed loads leave; None before."""
+    if source.kind != "gguf":
+        return None
+    converted = lookup(source)
+    if converted is not None:
+        return converted
+    try:
+        marker = _headers_folder(source) / COMPLETE_MARKER
+        return marker.parent if marker.is_file() else None
+    except OSError:
+        return None
+
+
+def store_headers(source: ModelSource, config, tokenizer) -> None:
+    """Keep ``config`` and ``tokenizer`` of a GGUF file (a few MB), so later loads need not parse its metadata
+    through transformers again (seconds). Failures only cost the speed-up."""
+    folder = _headers_folder(source)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=STAGING_PREFIX))
+        try:
+            config.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            (staging / COMPLETE_MARKER).write_text(str(source.path.resolve()))
+            shutil.rmtree(folder, ignore_errors=True)
+            staging.rename(folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except Exception as exc:  # noqa: BLE001 - a cache must never fail the load that fills it
+        log.warning("could not keep the headers of %s: %s", source.name, exc)
+
+
+def _headers_folder(source: ModelSource) -> Path:
+    folder = _folder_for(source)
+    return folder.with_name(folder.name + HEADERS_SUFFIX)
+
+
 @contextmanager
 def _plain_checkpoint(model: torch.nn.Module):
     """Save the dequantised weights as an ordinary checkpoint: hide the GGUF loader's quantiser meanwhile."""

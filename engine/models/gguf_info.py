@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import ModelLoadError
 
@@ -40,6 +42,8 @@ class GGUFInfo:
     file_size: int
     data_end: int  # where the last tensor's data ends; beyond file_size means the file is truncated
     token_count: int | None = None  # entries in the tokenizer's vocabulary, when the file has one
+    data_start: int = 0  # where the tensor data begins (tensor offsets count from here)
+    offsets: dict[str, int] = field(default_factory=dict)  # name -> offset of the tensor's data
 
     @property
     def architecture(self) -> str:
@@ -137,9 +141,29 @@ class _Reader:
         return count
 
 
+_parsed: dict[tuple, GGUFInfo] = {}  # (path, size, mtime) -> info: a load asks several times
+PARSED_KEPT = 8
+
+
 def read_gguf_info(path: str | Path) -> GGUFInfo:
-    """Metadata and tensor table of a GGUF file, or a :class:`ModelLoadError` naming the file and the fault."""
+    """Metadata and tensor table of a GGUF file, or a :class:`ModelLoadError` naming the file and the fault.
+
+    Parsed once per file version: the answer is kept while the file's size and modification time stay.
+    """
     path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"{path.name} can't be read: {exc.strerror or exc}") from None
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _parsed:
+        if len(_parsed) >= PARSED_KEPT:
+            _parsed.pop(next(iter(_parsed)))
+        _parsed[key] = _read(path)
+    return _parsed[key]
+
+
+def _read(path: Path) -> GGUFInfo:
     try:
         with open(path, "rb") as f:
             if path.stat().st_size < len(MAGIC):
@@ -164,12 +188,12 @@ def _parse(path: Path, mm) -> GGUFInfo:
     n_tensors = r.count("tensors", MIN_TENSOR_BYTES)
     n_kv = r.count("metadata entries", MIN_KV_BYTES)
     metadata, token_count = _read_metadata(r, n_kv)
-    tensors, ends = _read_tensor_table(r, n_tensors)
+    tensors, ends, offsets = _read_tensor_table(r, n_tensors)
     alignment = metadata.get("general.alignment", 32)
     if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
         raise ModelLoadError(f"general.alignment is {alignment!r}; it must be a positive whole number")
     data_start = -(-r.pos // alignment) * alignment
-    return GGUFInfo(path, metadata, tensors, len(mm), data_start + ends, token_count)
+    return GGUFInfo(path, metadata, tensors, len(mm), data_start + ends, token_count, data_start, offsets)
 
 
 def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict, int | None]:
@@ -187,9 +211,10 @@ def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict, int | None]:
     return metadata, token_count
 
 
-def _read_tensor_table(r: _Reader, n_tensors: int) -> tuple[dict, int]:
-    """Names, shapes and types of the tensors, and where their data ends; overlapping data is refused."""
-    tensors, ranges = {}, []
+def _read_tensor_table(r: _Reader, n_tensors: int) -> tuple[dict, int, dict]:
+    """Names, shapes and types of the tensors, where their data ends, and each one's offset; overlapping data
+    is refused."""
+    tensors, ranges, offsets = {}, [], {}
     for _ in range(n_tensors):
         name = r.string()
         n_dims = r.unpack("I")
@@ -200,9 +225,48 @@ def _read_tensor_table(r: _Reader, n_tensors: int) -> tuple[dict, int]:
         if name in tensors:
             raise ModelLoadError(f"tensor {name!r} is listed twice: the file is damaged")
         tensors[name] = (dims, kind)
+        offsets[name] = offset
         ranges.append((offset, offset + _tensor_bytes(name, dims, kind), name))
     _check_no_overlap(ranges)
-    return tensors, max((end for _, end, _ in ranges), default=0)
+    return tensors, max((end for _, end, _ in ranges), default=0), offsets
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFTensor:
+    """One tensor's data, mapped from the file, in the shapes the ``gguf`` package's reader gives."""
+
+    name: str
+    tensor_type: object  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF's order, innermost first
+    data: np.ndarray  # float types as their values, block types as bytes [rows, bytes a row]
+
+
+def read_tensors(path: str | Path) -> list[GGUFTensor]:
+    """Every tensor of a checked GGUF file (see :func:`read_gguf_info`), its data a read-only memory map."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    info = read_gguf_info(path)
+    if info.data_end > info.file_size:
+        raise ModelLoadError(f"{Path(path).name} is truncated: its tensors need {info.data_end} bytes")
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
+             GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
+             GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
+             GGMLQuantizationType.I64: np.int64}
+    tensors = []
+    for name, (dims, kind) in info.tensors.items():
+        ggml_type = GGMLQuantizationType(kind)
+        block, type_size = GGML_QUANT_SIZES[ggml_type]
+        count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        start = info.data_start + info.offsets[name]
+        raw = mapped[start : start + count * type_size // block]
+        shape = tuple(reversed(dims))
+        if ggml_type in plain:
+            data = raw.view(plain[ggml_type]).reshape(shape)
+        else:  # rows of blocks, as bytes
+            data = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
+        tensors.append(GGUFTensor(name, ggml_type, dims, data))
+    return tensors
 
 
 def _tensor_bytes(name: str, dims: tuple[int, ...], kind: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from ..errors import ModelLoadError
 from ..step.block_linear import GGUF_KINDS, BlockEmbedding, BlockQuantLinear
 from ..step.packed_linear import GGUF_BLOCK, Int4Linear, Int8Linear, can_pack_int4
 from ..step.quantization import pack_output_head, packed_layer, quantizable_linears, uses_native_blocks
+from .gguf_info import read_gguf_info, read_tensors
 from .sources import ModelSource
 
 DIRECT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups
@@ -46,32 +48,35 @@ class PackedLoad:
         return [f"linear weights stored as {kinds} have no direct packed form and were re-quantised at load"]
 
 
-def load_packed_gguf(source: ModelSource, mode: str, dtype: torch.dtype, attn: str, device: torch.device) -> PackedLoad:
-    """Build ``source`` (a GGUF file) for packed ``mode`` ("int4" or "w8"); linear layers packed on ``device``."""
-    import gguf
+def load_packed_gguf(source: ModelSource, mode: str, dtype: torch.dtype, attn: str, device: torch.device,
+                     config_folder: Path | None = None) -> PackedLoad:
+    """Build ``source`` (a GGUF file) for packed ``mode`` ("int4" or "w8"); linear layers packed on ``device``.
 
-    done = PackedLoad(_skeleton(source, dtype, attn))
-    reader = gguf.GGUFReader(str(source.path))
-    state, embedding = _fill(done, reader, mode, dtype, device)
+    ``config_folder``: a folder holding the file's config.json as transformers derived it before (see
+    :func:`.gguf_cache.header_folder`), which saves reading the file's metadata through transformers again.
+    """
+    done = PackedLoad(_skeleton(source, dtype, attn, config_folder))
+    tensors = read_tensors(source.path)
+    architecture = str(read_gguf_info(source.path).metadata.get("general.architecture", ""))
+    state, embedding = _fill(done, tensors, architecture, mode, dtype, device)
     done.model.load_state_dict(state, strict=False, assign=True)
     if embedding is None:
         done.model.tie_weights()
     else:
-        _embed_from_blocks(done.model, embedding, tied=not any(t.name == "output.weight" for t in reader.tensors))
+        _embed_from_blocks(done.model, embedding, tied=not any(t.name == "output.weight" for t in tensors))
     pack_output_head(done.model, device)
     _check_complete(done.model, source)
     return done
 
 
-def _fill(done: PackedLoad, reader, mode: str, dtype: torch.dtype, device: torch.device):
+def _fill(done: PackedLoad, tensors: list, architecture: str, mode: str, dtype: torch.dtype, device: torch.device):
     """Swap in packed layers for the decoder's linear weights; return every other tensor, dequantised, and the
     token embedding tensor where its blocks are kept (see :func:`_keeps_embedding_blocks`), else None."""
-    architecture = _architecture(reader)
     processor = _processor(architecture, done.model.config)
     names = _tensor_names(done.model, architecture)
     linears = _named_linears(done.model)
     state, embedding = {}, None
-    for tensor in reader.tensors:
+    for tensor in tensors:
         target = names.get(tensor.name)
         if target is None:
             continue  # as in transformers: tensors the model has no place for (rope tables, say)
@@ -100,22 +105,21 @@ def _embed_from_blocks(model: nn.Module, tensor, tied: bool) -> None:
         model.set_output_embeddings(table)
 
 
-def _skeleton(source: ModelSource, dtype: torch.dtype, attn: str) -> nn.Module:
+def _skeleton(source: ModelSource, dtype: torch.dtype, attn: str, config_folder: Path | None) -> nn.Module:
     """The model with its parameters on ``meta`` (buffers such as rotary frequencies are real)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, trust_remote_code=False)
+        if config_folder is not None:
+            config = AutoConfig.from_pretrained(config_folder, trust_remote_code=False)
+        else:
+            config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, trust_remote_code=False)
         with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     except Exception as exc:
         raise ModelLoadError(f"could not build {source.name} from its GGUF config: {exc}") from exc
     return model.eval()
-
-
-def _architecture(reader) -> str:
-    return str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
 
 
 def _processor(architecture: str, config):

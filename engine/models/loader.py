@@ -67,8 +67,11 @@ def load_model(
     from_blocks = source.kind == "gguf" and quantization in PACKED_MODES  # packed straight from the file
     converted = gguf_cache.lookup(source)
     files = ModelSource(source.name, converted, origin=source.origin) if converted else source
+    headers = gguf_cache.header_folder(source)  # config and tokenizer as transformers read them before
     report(0.05, "reading the tokenizer")
-    tokenizer, warnings = load_tokenizer(files)  # a converted copy's tokenizer reads faster, even for from_blocks
+    tokenizer, warnings = load_tokenizer(ModelSource(source.name, headers, origin=source.origin) if headers
+                                         else files)
+    keep_headers = source.kind == "gguf" and headers is None and not warnings
     if quantization_note:
         warnings.append(quantization_note)
     if from_blocks:
@@ -81,7 +84,7 @@ def load_model(
     report(0.15, "reading the weights" if converted or source.kind == "hf" else "converting the GGUF file (once)")
     with PeakMemory(device) as reading:
         packed_mode = quantization if from_blocks else None
-        model, load_warnings = _load_weights(files, dtype, attn_implementation, packed_mode, device)
+        model, load_warnings = _load_weights(files, dtype, attn_implementation, packed_mode, device, headers)
         warnings += load_warnings
         max_model_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
         check_supported(model.config, max_model_len)
@@ -89,6 +92,8 @@ def load_model(
         report(0.55, "keeping a converted copy for faster loads")
         gguf_cache.store(source, model, tokenizer)  # not part of loading's peak: it happens once per file
         return_freed_memory()
+    elif from_blocks and keep_headers:
+        gguf_cache.store_headers(source, model.config, tokenizer)
     with PeakMemory(device) as placing:
         if quantization != "none" and not from_blocks:
             phrase = f"quantising to {quantization}"
@@ -150,12 +155,14 @@ def check_supported(hf_config, max_model_len: int) -> None:
 
 
 def _load_weights(
-    source: ModelSource, dtype: torch.dtype, attn: str, packed_mode: str | None, device: torch.device
+    source: ModelSource, dtype: torch.dtype, attn: str, packed_mode: str | None, device: torch.device,
+    config_folder: Path | None = None,
 ) -> tuple[torch.nn.Module, list[str]]:
-    """The model from ``source`` and warnings: through transformers, or (``packed_mode``) from the GGUF blocks."""
+    """The model from ``source`` and warnings: through transformers, or (``packed_mode``) from the GGUF blocks
+    (with the config from ``config_folder`` when given)."""
     if packed_mode:
         try:
-            loaded = load_packed_gguf(source, packed_mode, dtype, attn, device)
+            loaded = load_packed_gguf(source, packed_mode, dtype, attn, device, config_folder)
         except ModelLoadError:
             raise
         except Exception as exc:

@@ -217,11 +217,33 @@ def test_quantised_gguf_embedding_stays_in_its_blocks(tied, tokenizer_dir, tmp_p
         embedding(torch.tensor([49152]))
 
 
-def test_packed_gguf_load_makes_no_converted_copy(q4_ggufs, tmp_path, monkeypatch):
+def test_packed_gguf_load_keeps_only_its_headers_and_reuses_them(q4_ggufs, tmp_path, monkeypatch):
+    """No converted copy of the weights: only config.json and the tokenizer are kept, and later loads read
+    them instead of parsing the GGUF file's metadata through transformers again (seconds for a real file)."""
+    import transformers
+
     monkeypatch.setenv("KVASIR_CACHE_DIR", str(tmp_path / "cache"))
-    engine = Engine(EngineConfig(model=str(q4_ggufs["Q4_0"]), quantization="int4", num_kv_blocks=32))
-    assert engine.loaded.loaded_from == q4_ggufs["Q4_0"]
-    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
+    config = EngineConfig(model=str(q4_ggufs["Q4_0"]), quantization="int4", num_kv_blocks=32)
+    first = Engine(config)
+    assert first.loaded.loaded_from == q4_ggufs["Q4_0"]
+    copies = list((tmp_path / "cache" / "gguf").iterdir())
+    assert [copy.name.endswith("-headers") for copy in copies] == [True]
+    assert (copies[0] / "config.json").is_file() and not list(copies[0].glob("*.safetensors"))
+
+    def refuse_gguf(real):
+        def read(*args, **kwargs):
+            assert not kwargs.get("gguf_file"), "the GGUF file's metadata was parsed again"
+            return real(*args, **kwargs)
+        return read
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse_gguf(transformers.AutoConfig.from_pretrained))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        refuse_gguf(transformers.AutoTokenizer.from_pretrained))
+    second = Engine(config)
+    prompt = first.encode_prompt([{"role": "user", "content": "rivers and mountains"}])
+    assert second.encode_prompt([{"role": "user", "content": "rivers and mountains"}]) == prompt
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert second.generate([prompt], params)[0].token_ids == first.generate([prompt], params)[0].token_ids
 
 
 def test_q8_gguf_linear_weights_stay_8_bit(q4_ggufs):
