@@ -81,7 +81,8 @@ def load_model(
             report(0.1, "building the CPU kernels (once per machine)")
         if not kernels.available():  # also a library built before that no longer loads
             warnings.append(f"{kernels.status().detail}; using torch's slower packed kernels")
-    report(0.15, "reading the weights" if converted or source.kind == "hf" else "converting the GGUF file (once)")
+    first_conversion = source.kind == "gguf" and not converted and not from_blocks
+    report(0.15, "converting the GGUF file (once)" if first_conversion else "reading the weights")
     with PeakMemory(device) as reading:
         packed_mode = quantization if from_blocks else None
         model, load_warnings = _load_weights(files, dtype, attn_implementation, packed_mode, device, headers)
