@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 
 from ..serving.kv_cache import KVCache
@@ -24,7 +25,6 @@ class GroupMetadata:
     """A batch of sequences attended together: queries padded to ``[B, Q]``, keys to ``[B, L]``."""
 
     query_index: torch.Tensor  # [B, Q] positions in the packed row (padding repeats a valid one)
-    query_valid: torch.Tensor | None  # [B, Q] bool, None when every query is real
     kv_blocks: torch.Tensor  # [B * N] each sequence's block table, padded with block 0
     kv_lengths: torch.Tensor  # [B] each sequence's key count (its length after this step's tokens)
     kv_width: int  # L: the longest sequence's length; keys beyond a sequence's own length are masked
@@ -32,6 +32,8 @@ class GroupMetadata:
     is_whole_step: bool  # the group's queries are exactly the step's tokens, in order
     query_positions: list[list[int]]  # [B][Q] absolute position of each (padded) query
     mask_dtype: torch.dtype
+    sequences: list[tuple[int, int, int, int | None]]  # per sequence: offset in T, new tokens, keys, first block
+    blocks_per_sequence: int  # N: each sequence's row of kv_blocks
     _masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -139,10 +141,9 @@ def _group_metadata(
     steps = [[j if j < n else 0 for j in range(q_width)] for n in lengths]  # padding repeats the first query
     all_valid = all(n == q_width for n in lengths)
     num_blocks = -(-kv_width // block_size)
-    query_valid = None if all_valid else torch.tensor([[j < n for j in range(q_width)] for n in lengths])
+    first_blocks = [_consecutive_start(s.block_table[: -(-s.end // block_size)]) for s in slices]
     return GroupMetadata(
         query_index=torch.tensor([[s.offset + j for j in row] for s, row in zip(slices, steps)]).to(device),
-        query_valid=None if query_valid is None else query_valid.to(device),
         kv_blocks=tables[:, :num_blocks].contiguous().view(-1).to(device),
         kv_lengths=torch.tensor([s.end for s in slices]).to(device),
         kv_width=kv_width,
@@ -150,6 +151,8 @@ def _group_metadata(
         is_whole_step=whole and all_valid and q_width * len(slices) == sum(lengths),
         query_positions=[[s.start + j for j in row] for s, row in zip(slices, steps)],
         mask_dtype=dtype,
+        sequences=[(s.offset, s.end - s.start, s.end, first) for s, first in zip(slices, first_blocks)],
+        blocks_per_sequence=num_blocks,
     )
 
 
@@ -196,19 +199,17 @@ def paged_attention(
     if kvasir.flash is not None:
         out = _flash_attention(q, kvasir.kv_cache, layer, kvasir.flash, scaling)
     else:
-        out = None
-        for group in (kvasir.decode, kvasir.prefill):
-            if group is None:
-                continue
-            attended = attend_group(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], group, scaling)
-            if group.is_whole_step:
-                out = attended.reshape(q.shape)
-                continue
-            out = torch.empty_like(q) if out is None else out
-            if group.query_valid is None:
-                out[group.query_index.view(-1)] = attended.reshape(-1, *q.shape[1:])
-            else:
-                out[group.query_index[group.query_valid]] = attended[group.query_valid]
+        keys, values = kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer]
+        decode, prefill = kvasir.decode, kvasir.prefill
+        if decode is not None and decode.is_whole_step:
+            out = attend_group(q, keys, values, decode, scaling).reshape(q.shape)
+        else:
+            out = torch.empty_like(q)
+            if decode is not None:  # one query per sequence: no padding, so no boolean indexing
+                out[decode.query_index.view(-1)] = attend_group(q, keys, values, decode, scaling).reshape(
+                    -1, *q.shape[1:])
+            if prefill is not None:
+                attend_sequences(out, q, keys, values, prefill, scaling)
     return out.unsqueeze(0), None
 
 
@@ -246,6 +247,39 @@ def attend_group(
     )
     attended = attended.view(batch, kv_heads, groups, q_width, head_dim).permute(0, 3, 1, 2, 4)
     return attended.reshape(batch, q_width, num_heads, head_dim)
+
+
+def attend_sequences(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    group: GroupMetadata,
+    scaling: float | None,
+) -> None:
+    """Attention of several new tokens per sequence (prefill chunks), one sequence at a time, into ``out``.
+
+    ``q`` and ``out``: ``[T, H, D]``. Each sequence's queries are its last ``n`` positions, so key ``k`` is
+    visible to query ``i`` when ``k <= keys - n + i`` (causal, aligned to the bottom right): SDPA takes that
+    as ``causal_lower_right``, with no dense mask, and query heads that share a KV head as ``enable_gqa``.
+    Keys are read in place where a sequence's blocks are consecutive in the pool, else gathered block by block.
+    Every index is a Python number: no wait for the device.
+    """
+    width = group.blocks_per_sequence
+    for row, (offset, count, length, first) in enumerate(group.sequences):
+        used = -(-length // cache_k.shape[1])
+        if first is not None:
+            keys, values = cache_k[first : first + used], cache_v[first : first + used]
+        else:
+            blocks = group.kv_blocks[row * width : row * width + used]
+            keys, values = cache_k.index_select(0, blocks), cache_v.index_select(0, blocks)
+        keys = keys.flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)  # [1, KH, L, D]
+        values = values.flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)
+        queries = q[offset : offset + count].transpose(0, 1)[None]  # [1, H, n, D]
+        mask = causal_lower_right(count, length) if count < length else None
+        attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
+                                                  scale=scaling, enable_gqa=True)
+        out[offset : offset + count] = attended[0].transpose(0, 1)
 
 
 def _flash_attention(

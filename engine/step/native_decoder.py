@@ -4,7 +4,8 @@ At one token per sequence a step is mostly small operations. A decode step (ever
 runs all layers in one native call (``kernels/decode_step.cpp``); other steps run each layer in eleven calls:
 the fused QKV and gate-up projections (one block matrix each, see :func:`.block_linear.fuse`), RMSNorm with
 the residual add, rotary embedding in place, the gated activation and paged decode attention from
-``kernels/layer_ops.cpp``, with prefill chunks attending through torch's SDPA as in :mod:`.attention`. The
+``kernels/layer_ops.cpp``, with prefill chunks attending sequence by sequence through torch's SDPA
+(:func:`.attention.attend_sequences`). The
 arithmetic is transformers' (the same formulas), computed in a different order, so it is tested against the
 lean decoder's logits with a tolerance rather than token for token; float models keep the exact paths.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .attention import GroupMetadata, StepMetadata, attend_group
+from .attention import GroupMetadata, StepMetadata, attend_sequences
 from .block_linear import GROUP, BlockQuantLinear, can_fuse, fuse
 from .lean_decoder import lean_decoder_for
 
@@ -133,11 +134,8 @@ class _NativeLayer:
             out[rows] = self._decode(query.index_select(0, rows), decode, cache)
         if prefill is not None:
             queries = query.reshape(tokens, self.heads, self.head_dim)
-            attended = attend_group(queries, cache.keys[self.index], cache.values[self.index], prefill, self.scaling)
-            if prefill.query_valid is None:
-                out[prefill.query_index.view(-1)] = attended.reshape(-1, q_width)
-            else:
-                out[prefill.query_index[prefill.query_valid]] = attended[prefill.query_valid].reshape(-1, q_width)
+            attend_sequences(out.view(tokens, self.heads, self.head_dim), queries, cache.keys[self.index],
+                             cache.values[self.index], prefill, self.scaling)
         return self.o_proj(out)
 
     def _decode(self, query: torch.Tensor, group: GroupMetadata, cache) -> torch.Tensor:
