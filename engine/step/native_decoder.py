@@ -5,9 +5,9 @@ runs all layers in one native call (``kernels/decode_step.cpp``); other steps ru
 the fused QKV and gate-up projections (one block matrix each, see :func:`.block_linear.fuse`), RMSNorm with
 the residual add, rotary embedding in place, the gated activation and paged decode attention from
 ``kernels/layer_ops.cpp``, with prefill chunks attending sequence by sequence through torch's SDPA
-(:func:`.attention.attend_sequences`). The
-arithmetic is transformers' (the same formulas), computed in a different order, so it is tested against the
-lean decoder's logits with a tolerance rather than token for token; float models keep the exact paths.
+(:func:`.attention.attend_sequences`). The arithmetic is transformers' (the same formulas), computed in a
+different order, so it is tested against the lean decoder's logits with a tolerance rather than token for
+token; float models keep the exact paths.
 """
 
 from __future__ import annotations
