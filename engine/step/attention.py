@@ -106,7 +106,8 @@ def build_metadata(
     block_size = kv_cache.block_size
     tables = _padded_block_tables(slices)
     positions = [p for s in slices for p in range(s.start, s.end)]
-    slots = [s.block_table[p // block_size] * block_size + p % block_size for s in slices for p in range(s.start, s.end)]
+    slots = [s.block_table[p // block_size] * block_size + p % block_size
+             for s in slices for p in range(s.start, s.end)]
     meta = StepMetadata(kv_cache, torch.tensor(positions).to(device, non_blocking=True),
                         torch.tensor(slots).to(device, non_blocking=True))
     if backend == "flash_attn":

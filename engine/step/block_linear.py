@@ -3,8 +3,9 @@
 A GGUF file's Q4_1 and Q8_0 blocks are kept as they are (only their order changes: rows are interleaved eight
 at a time, see :func:`interleave`), Q4_0 becomes Q4_1 exactly (``(q - 8) d`` is ``d q + m`` with ``m = -8 d``),
 and float weights (safetensors models, other GGUF types) are quantised into the same blocks at load, as
-llama.cpp's quantiser does. The arithmetic is llama.cpp's too: see ``kernels/block_quant.cpp``. Where the kernels can't be built, the packed layers of :mod:`.packed_linear`
-take their place (see :func:`engine.step.quantization.packed_layer`).
+llama.cpp's quantiser does. The arithmetic is llama.cpp's too: see ``kernels/block_quant.cpp``. Where the
+kernels can't be built, the packed layers of :mod:`.packed_linear` take their place (see
+:func:`engine.step.quantization.packed_layer`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class BlockQuantLinear(nn.Module):
         """A layer over ``kind`` blocks in GGUF's order, ``[out_features, in_features / 32 * bytes]`` uint8."""
         if kind not in BLOCK_BYTES or in_features % BLOCK:
             raise ValueError(f"no {kind!r} blocks for {in_features} input features")
-        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[kind]:
+        row_bytes = in_features // BLOCK * BLOCK_BYTES[kind]
+        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != row_bytes:
             raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not hold {in_features} features a row")
         return cls(kind, in_features, blocks.shape[0], interleave(blocks, kind), bias)
 

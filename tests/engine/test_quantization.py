@@ -236,7 +236,8 @@ def test_packed_gguf_load_keeps_only_its_headers_and_reuses_them(q4_ggufs, tmp_p
             return real(*args, **kwargs)
         return read
 
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse_gguf(transformers.AutoConfig.from_pretrained))
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        refuse_gguf(transformers.AutoConfig.from_pretrained))
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         refuse_gguf(transformers.AutoTokenizer.from_pretrained))
     second = Engine(config)

@@ -1,0 +1,255 @@
+"""One prepared run of the CUDA checks, for a machine that has torch and transformers and nothing else.
+
+``python -m engine.tools.gpu_check --device cuda --out DIR`` builds random-weight llama models on the device
+(a tiny one, and with ``--sizes`` a few-hundred-million-parameter one and Llama-3-8B's shape), then checks, each
+part on its own so one failure does not hide the rest: versions and the device probes with their own errors;
+greedy parity with transformers' ``generate`` in float32; bfloat16 against float32; the calls per step that
+wait for the device; decode tok/s at 1, 16 and 64 chats per quantisation against the memory-bandwidth bound.
+Everything goes to ``DIR/gpu-check.json``; the exit status is 1 when any part failed, or when ``--device cuda``
+finds no usable GPU (a machine that claims one must not pass by skipping).
+
+The machine lent for this has no network: ``--write-carry DIR`` (run here) saves what the check needs beside
+torch and transformers: the default model's tokenizer and bitsandbytes without the libraries for other
+platforms (``make gpu-carry``). ``--device cpu`` runs the same checks on the CPU, with smaller models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = ["hello there", "a much longer prompt about paged attention and blocks " * 6, "short"]
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+MID = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+           num_key_value_heads=8)
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=8, rope_theta=500000.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.tools.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--carry", type=Path, default=Path("build/gpu-carry"), help="what --write-carry saved")
+    parser.add_argument("--sizes", help="models for the decode part, from tiny, mid, llama3-8b "
+                        "(default: all three on CUDA, tiny on the CPU)")
+    parser.add_argument("--write-carry", type=Path, help="save the tokenizer and a trimmed bitsandbytes, then stop")
+    args = parser.parse_args(argv)
+    if args.write_carry:
+        write_carry(args.write_carry)
+        return 0
+    sys.path.insert(0, str(args.carry / "site"))  # the carried bitsandbytes
+    report: dict = {"device_asked": args.device, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    failed: list[str] = []
+
+    def part(name: str, run) -> None:
+        started = time.perf_counter()
+        try:
+            report[name] = run()
+        except Exception as exc:  # each part reports its own failure; the others still run
+            report[name] = {"error": f"{exc.__class__.__name__}: {exc}"}
+            failed.append(name)
+        print(f"{name}: {time.perf_counter() - started:.1f} s, {'FAILED' if name in failed else 'ok'}", flush=True)
+
+    part("environment", lambda: environment(args.device))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        failed.append("no usable CUDA device")
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            tokenizer = args.carry / "tokenizer"
+            tiny = build_model(Path(folder) / "tiny", TINY, tokenizer)
+            part("parity_float32", lambda: parity_float32(tiny, args.device))
+            part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, args.device))
+            part("syncs_per_step", lambda: syncs_per_step(tiny, args.device))
+            sizes = args.sizes or ("tiny,mid,llama3-8b" if args.device == "cuda" else "tiny")
+            for size in sizes.split(","):
+                shape = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}[size]
+                part(f"decode_{size}", lambda shape=shape, size=size: decode_speed(
+                    build_model(Path(folder) / size, shape, tokenizer), args.device))
+    report["failed"] = failed
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({"failed": failed}, indent=2))
+    return 1 if failed else 0
+
+
+def environment(device: str) -> dict:
+    import transformers
+
+    from ..devices import bitsandbytes_problem, cuda_kernel_problem, resolve_device
+    from ..step.attention import flash_attn_available
+
+    info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+            "transformers": transformers.__version__, "cuda_available": torch.cuda.is_available(),
+            "flash_attn": flash_attn_available()}
+    if device == "cuda" and torch.cuda.is_available():
+        target = torch.device("cuda")
+        info.update(name=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability(),
+                    kernel_problem=cuda_kernel_problem(target), bitsandbytes_problem=bitsandbytes_problem(target),
+                    memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
+    info["resolved"] = [str(part) for part in resolve_device(device)]
+    return info
+
+
+def build_model(folder: Path, shape: dict, tokenizer: Path) -> Path:
+    """A random-weight llama model of ``shape`` with the carried tokenizer, saved as safetensors."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer))
+    config = LlamaConfig(vocab_size=vocab, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=2, tie_word_embeddings=False, **shape)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 1.0 if "embed" in name else 0.02)
+            else:
+                param.fill_(1.0)  # the norms
+    model.to(torch.bfloat16 if shape is LLAMA3_8B else torch.float32).save_pretrained(folder)
+    for file in tokenizer.iterdir():
+        shutil.copy(file, folder / file.name)
+    return folder
+
+
+def _engine(model: Path, device: str, **settings):
+    from .. import Engine, EngineConfig
+
+    return Engine(EngineConfig(model=str(model), device=device, **settings))
+
+
+def parity_float32(model: Path, device: str) -> dict:
+    """Greedy tokens identical to transformers' generate on the same weights, in float32."""
+    from transformers import AutoModelForCausalLM
+
+    from .. import SamplingParams
+
+    engine = _engine(model, device, dtype="float32", quantization="none", num_kv_blocks=64)
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    mismatches = []
+    for prompt, out in zip(PROMPTS, engine.generate(PROMPTS, params)):
+        ids = engine.encode_prompt(prompt)
+        want = reference.generate(torch.tensor([ids], device=device), max_new_tokens=24, min_new_tokens=24,
+                                  do_sample=False, pad_token_id=2)[0, len(ids):].tolist()
+        if out.token_ids != want:
+            mismatches.append({"prompt": prompt[:30], "got": out.token_ids, "want": want})
+    if mismatches:
+        raise AssertionError(f"greedy tokens differ from generate: {mismatches}")
+    stats = engine.stats()
+    return {"identical": len(PROMPTS), "attention": stats.attention_backend, "reason": stats.attention_reason}
+
+
+def bfloat16_vs_float32(model: Path, device: str) -> dict:
+    """The first reply token's logits in bfloat16 against float32 (a tolerance, not token equality)."""
+    logits = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = _engine(model, device, dtype=dtype, quantization="none", num_kv_blocks=64)
+        logits[dtype] = _first_logits(engine, PROMPTS[1])
+    cosine = float(torch.nn.functional.cosine_similarity(logits["float32"], logits["bfloat16"], dim=0))
+    if cosine < 0.99:
+        raise AssertionError(f"bfloat16 logits drift from float32's: cosine {cosine:.4f}")
+    return {"cosine": cosine, "same_argmax": int(logits["float32"].argmax()) == int(logits["bfloat16"].argmax())}
+
+
+def _first_logits(engine, prompt: str) -> torch.Tensor:
+    from .. import SamplingParams
+
+    seen = []
+    sampler = engine.runner.sampler
+    engine.runner.sampler = lambda logits, rows: (seen.append(logits[0].float().cpu()), sampler(logits, rows))[1]
+    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    engine.runner.sampler = sampler
+    return seen[0]
+
+
+def syncs_per_step(model: Path, device: str) -> dict:
+    """Calls on the step's path that wait for the device (CUDA's sync debug mode where there is one)."""
+    from .. import SamplingParams
+
+    engine = _engine(model, device, quantization="none", num_kv_blocks=64, max_num_batched_tokens=32)
+    for prompt in PROMPTS:
+        engine.add_request(engine.encode_prompt(prompt), SamplingParams(max_tokens=8, temperature=0.7, seed=1))
+    if device != "cuda":
+        return {"note": "counted by CUDA's sync debug mode only; tests/engine/test_step_syncs.py counts on the CPU"}
+    import warnings
+
+    waits = []
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        while engine.has_unfinished():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                engine.step()
+            waits.append(sum("synchroniz" in str(w.message) for w in caught))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return {"steps": len(waits), "max_waits_per_step": max(waits), "per_step": waits}
+
+
+def decode_speed(model: Path, device: str) -> dict:
+    """Decode tok/s at 1, 16 and 64 chats x 64 tokens per quantisation, and the one-chat bandwidth bound."""
+    from ..devices import bitsandbytes_problem
+    from .bench import kvasir_load, prompt_set
+
+    modes = ["none", "int4"] + (["nf4"] if device == "cuda" and not bitsandbytes_problem(torch.device(device))
+                                else [])
+    bandwidth = _copy_bandwidth(device)
+    results = {"copy_bandwidth_gb_s": round(bandwidth / 1e9, 1)}
+    for mode in modes:
+        engine = _engine(model, device, quantization=mode)
+        weights = engine.stats().model_memory_bytes
+        rows = {"weight_gib": round(weights / 2**30, 3), "bound_tok_s": round(bandwidth / weights, 1)}
+        for chats in (1, 16, 64):
+            load = kvasir_load(engine, prompt_set(engine, chats, salt=chats), 64)
+            rows[f"{chats}_chats_tok_s"] = round(load.decode_tokens_per_s or 0.0, 1)
+        results[mode] = rows
+        del engine
+    return results
+
+
+def _copy_bandwidth(device: str) -> float:
+    """Bytes a second one device-to-device copy moves (read plus write), the bound's denominator."""
+    source = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    for _ in range(3):
+        target.copy_(source)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(10):
+        target.copy_(source)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 2 * source.numel() * 10 / (time.perf_counter() - started)
+
+
+def write_carry(folder: Path) -> None:
+    """The default model's tokenizer, and bitsandbytes' Python files with its CUDA libraries only."""
+    import bitsandbytes
+    from transformers import AutoTokenizer
+
+    from ..models.sources import default_model_path
+
+    path = default_model_path()
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(folder / "tokenizer")
+    source = Path(bitsandbytes.__file__).parent
+    target = folder / "site" / "bitsandbytes"
+    shutil.rmtree(target, ignore_errors=True)
+    # the lent machine's torch is a CUDA 13 build: bitsandbytes loads libbitsandbytes_cuda13x there
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*rocm*", "*xpu*", "*cuda1[0-2]*"))
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    print(f"{folder}: {size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
