@@ -9,8 +9,9 @@ Everything goes to ``DIR/gpu-check.json``; the exit status is 1 when any part fa
 finds no usable GPU (a machine that claims one must not pass by skipping).
 
 The machine lent for this has no network: ``--write-carry DIR`` (run here) saves what the check needs beside
-torch and transformers: the default model's tokenizer and bitsandbytes without the libraries for other
-platforms (``make gpu-carry``). ``--device cpu`` runs the same checks on the CPU, with smaller models.
+torch and transformers: the default model's tokenizer, bitsandbytes without the libraries for other
+platforms, and platformdirs (``make gpu-carry``). ``--device cpu`` runs the same checks on the CPU, with
+smaller models.
 """
 
 from __future__ import annotations
@@ -234,8 +235,10 @@ def _copy_bandwidth(device: str) -> float:
 
 
 def write_carry(folder: Path) -> None:
-    """The default model's tokenizer, and bitsandbytes' Python files with its CUDA libraries only."""
+    """The default model's tokenizer; bitsandbytes' Python files with its CPU and CUDA 13 libraries only; and
+    platformdirs (pure Python; the engine's cache folders), which torch and transformers do not bring."""
     import bitsandbytes
+    import platformdirs
     from transformers import AutoTokenizer
 
     from ..models.sources import default_model_path
@@ -247,6 +250,9 @@ def write_carry(folder: Path) -> None:
     shutil.rmtree(target, ignore_errors=True)
     # the lent machine's torch is a CUDA 13 build: bitsandbytes loads libbitsandbytes_cuda13x there
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*rocm*", "*xpu*", "*cuda1[0-2]*"))
+    shutil.rmtree(folder / "site" / "platformdirs", ignore_errors=True)
+    shutil.copytree(Path(platformdirs.__file__).parent, folder / "site" / "platformdirs",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     print(f"{folder}: {size / 2**20:.1f} MiB")
 
