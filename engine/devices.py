@@ -125,8 +125,7 @@ def _packed_mode_for_gguf(source) -> str:
 
     from .models.gguf_info import read_gguf_info
 
-    tensors = read_gguf_info(source.path).tensors
-    kinds = Counter(kind for name, (shape, kind) in tensors.items() if name.startswith("blk.") and len(shape) == 2)
+    kinds = Counter(kind for _, kind in read_gguf_info(source.path).linear_tensors().values())
     if not kinds:
         return "none"
     name = GGMLQuantizationType(kinds.most_common(1)[0][0]).name

@@ -123,9 +123,8 @@ def q4_k_linear_weights(source: ModelSource) -> int:
     """How many of a GGUF file's decoder linear weights are stored as Q4_K (0 for other sources)."""
     if source.kind != "gguf":
         return 0
-    tensors = read_gguf_info(source.path).tensors
-    return sum(shape[0] * shape[1] for name, (shape, kind) in tensors.items()
-               if name.startswith("blk.") and len(shape) == 2 and GGML_TYPE_NAMES.get(kind) == "Q4_K")
+    linear = read_gguf_info(source.path).linear_tensors().values()
+    return sum(shape[0] * shape[1] for shape, kind in linear if GGML_TYPE_NAMES.get(kind) == "Q4_K")
 
 
 def output_head(source: ModelSource) -> OutputHead:

@@ -45,6 +45,10 @@ class GGUFInfo:
     data_start: int = 0  # where the tensor data begins (tensor offsets count from here)
     offsets: dict[str, int] = field(default_factory=dict)  # name -> offset of the tensor's data
 
+    def linear_tensors(self) -> dict[str, tuple[tuple[int, ...], int]]:
+        """The decoder blocks' matrices (what quantisation replaces): name -> (shape, ggml type)."""
+        return {name: entry for name, entry in self.tensors.items() if name.startswith("blk.") and len(entry[0]) == 2}
+
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", "unknown"))

@@ -28,7 +28,7 @@ from .gguf_info import read_gguf_info, read_tensors
 from .sources import ModelSource
 
 DIRECT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups
-NATIVE_INT4 = (*DIRECT_INT4, "Q4_K")  # ... and the native kernels' blocks (Q4_K with float32 scales)
+NATIVE_INT4 = tuple(t for t, kind in GGUF_KINDS.items() if kind != "q8_0")  # 4-bit blocks the native kernels keep
 FLOAT_TYPES = ("F32", "F16", "BF16")
 LOW_BIT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
                  "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0")  # re-quantised to int4; the rest (5 bits and up) to int8

@@ -42,7 +42,7 @@ def _gguf_info(source: ModelSource) -> ModelInfo:
     info = read_gguf_info(source.path)
     heads = info.positive_int(".attention.head_count", 1)
     hidden = info.positive_int(".embedding_length")
-    linear = [shape for name, (shape, _) in info.tensors.items() if name.startswith("blk.") and len(shape) == 2]
+    linear = [shape for shape, _ in info.linear_tensors().values()]
     return ModelInfo(
         name=source.name,
         architecture=info.architecture,

@@ -28,13 +28,17 @@ class GroupMetadata:
     kv_blocks: torch.Tensor  # [B * N] each sequence's block table, padded with block 0
     kv_lengths: torch.Tensor  # [B] each sequence's key count (its length after this step's tokens)
     kv_width: int  # L: the longest sequence's length; keys beyond a sequence's own length are masked
-    first_block: int | None  # one sequence whose blocks are consecutive in the pool: read them in place
     is_whole_step: bool  # the group's queries are exactly the step's tokens, in order
     query_positions: list[list[int]]  # [B][Q] absolute position of each (padded) query
     mask_dtype: torch.dtype
     sequences: list[tuple[int, int, int, int | None]]  # per sequence: offset in T, new tokens, keys, first block
     blocks_per_sequence: int  # N: each sequence's row of kv_blocks
     _masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def first_block(self) -> int | None:
+        """A lone sequence whose blocks are consecutive in the pool: where they start (read them in place)."""
+        return self.sequences[0][3] if len(self.sequences) == 1 else None
 
     @property
     def mask(self) -> torch.Tensor | None:
@@ -148,7 +152,6 @@ def _group_metadata(
         kv_blocks=tables[:, :num_blocks].contiguous().view(-1).to(device),
         kv_lengths=torch.tensor([s.end for s in slices]).to(device),
         kv_width=kv_width,
-        first_block=_consecutive_start(slices[0].block_table[:num_blocks]) if len(slices) == 1 else None,
         is_whole_step=whole and all_valid and q_width * len(slices) == sum(lengths),
         query_positions=[[s.start + j for j in row] for s, row in zip(slices, steps)],
         mask_dtype=dtype,

@@ -40,8 +40,7 @@ class BlockQuantLinear(nn.Module):
         super().__init__()
         if not kernels.available():
             raise RuntimeError(f"block-quantised layers need the native kernels: {kernels.status().detail}")
-        if kind not in BLOCK_BYTES or in_features % BLOCK:
-            raise ValueError(f"no {kind!r} blocks for {in_features} input features")
+        _check_kind(kind, in_features)
         shape = (-(-out_features // GROUP), in_features // BLOCK * GROUP * BLOCK_BYTES[kind])
         if groups.dtype != torch.uint8 or tuple(groups.shape) != shape:
             raise ValueError(f"{kind} blocks of shape {tuple(groups.shape)} do not hold "
@@ -55,8 +54,7 @@ class BlockQuantLinear(nn.Module):
     def from_blocks(cls, kind: str, in_features: int, blocks: torch.Tensor,
                     bias: torch.Tensor | None = None) -> BlockQuantLinear:
         """A layer over ``kind`` blocks in GGUF's order, ``[out_features, in_features / 32 * bytes]`` uint8."""
-        if kind not in BLOCK_BYTES or in_features % BLOCK:
-            raise ValueError(f"no {kind!r} blocks for {in_features} input features")
+        _check_kind(kind, in_features)
         row_bytes = in_features // BLOCK * BLOCK_BYTES[kind]
         if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != row_bytes:
             raise ValueError(f"{kind} blocks of shape {tuple(blocks.shape)} do not hold {in_features} features a row")
@@ -101,6 +99,11 @@ class BlockQuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+def _check_kind(kind: str, in_features: int) -> None:
+    if kind not in BLOCK_BYTES or in_features % BLOCK:
+        raise ValueError(f"no {kind!r} blocks for {in_features} input features")
 
 
 class BlockEmbedding(nn.Module):

@@ -155,22 +155,32 @@ def bfloat16_vs_float32(model: Path, device: str) -> dict:
     logits = {}
     for dtype in ("float32", "bfloat16"):
         engine = _engine(model, device, dtype=dtype, quantization="none", num_kv_blocks=64)
-        logits[dtype] = _first_logits(engine, PROMPTS[1])
+        [logits[dtype]] = first_token_logits(engine, [PROMPTS[1]])
     cosine = float(torch.nn.functional.cosine_similarity(logits["float32"], logits["bfloat16"], dim=0))
     if cosine < 0.99:
         raise AssertionError(f"bfloat16 logits drift from float32's: cosine {cosine:.4f}")
     return {"cosine": cosine, "same_argmax": int(logits["float32"].argmax()) == int(logits["bfloat16"].argmax())}
 
 
-def _first_logits(engine, prompt: str) -> torch.Tensor:
+def first_token_logits(engine, prompts: list[str]) -> list[torch.Tensor]:
+    """Each prompt's logits for its first new token, recorded where the sampler receives them. The prompts go
+    one at a time, so a later one finds an earlier one's shared prefix in the cache."""
     from .. import SamplingParams
 
-    seen = []
+    recorded: list[torch.Tensor] = []
     sampler = engine.runner.sampler
-    engine.runner.sampler = lambda logits, rows: (seen.append(logits[0].float().cpu()), sampler(logits, rows))[1]
-    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
-    engine.runner.sampler = sampler
-    return seen[0]
+
+    def record(logits, rows):
+        recorded.extend(row.float().cpu() for row, sampling in zip(logits, rows) if sampling.output_index == 0)
+        return sampler(logits, rows)
+
+    engine.runner.sampler = record
+    try:
+        for prompt in prompts:
+            engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    finally:
+        engine.runner.sampler = sampler
+    return recorded
 
 
 def syncs_per_step(model: Path, device: str) -> dict:

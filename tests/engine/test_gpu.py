@@ -5,6 +5,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.step.attention import flash_attn_available
+from engine.tools.gpu_check import first_token_logits
 from tests.helpers.oracle import load_reference
 
 pytestmark = pytest.mark.gpu
@@ -24,27 +25,6 @@ def test_cuda_float32_parity_with_generate(tiny_llama):
         assert out.token_ids == want
 
 
-def _first_step_logits(engine: Engine, prompts: list[str]) -> list[torch.Tensor]:
-    """Each prompt's logits for its first new token (after a prefill that may be chunked or hit the prefix
-    cache), recorded where the sampler receives them."""
-    recorded: dict[int, torch.Tensor] = {}
-    sampler = engine.runner.sampler
-
-    def record(logits, rows):
-        for row, sampling_row in zip(logits, rows):
-            if sampling_row.output_index == 0:
-                recorded.setdefault(len(recorded), row.float().cpu())
-        return sampler(logits, rows)
-
-    engine.runner.sampler = record
-    try:
-        for prompt in prompts:  # one at a time: the second prompt's shared prefix comes from the cache
-            engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
-    finally:
-        engine.runner.sampler = sampler
-    return [recorded[i] for i in range(len(prompts))]
-
-
 @pytest.mark.skipif(not flash_attn_available(), reason="flash-attn is not installed")
 def test_flash_attn_backend_agrees_with_torch_backend(tiny_llama):
     """bfloat16 greedy tokens may part after a dozen steps, so the logits are compared, with a tolerance:
@@ -56,7 +36,7 @@ def test_flash_attn_backend_agrees_with_torch_backend(tiny_llama):
     flash = Engine(EngineConfig(**settings))
     plain = Engine(EngineConfig(**settings, attention_backend="torch"))
     assert flash.stats().attention_backend == "flash_attn", flash.stats().attention_reason
-    got, want = _first_step_logits(flash, prompts), _first_step_logits(plain, prompts)
+    got, want = first_token_logits(flash, prompts), first_token_logits(plain, prompts)
     assert flash.stats().cached_prompt_tokens_total >= 256
     for g, w in zip(got, want):
         assert torch.nn.functional.cosine_similarity(g, w, dim=0) > 0.999
