@@ -152,8 +152,8 @@ class MetricsPanel(QWidget):
         self._set("Model", s.model_name)
         self._set("Quantisation", f"{s.quantization}, {s.dtype}")
         self._set("Device", f"{s.device} — {s.device_reason}")
-        self._set("Attention", f"{s.attention_backend} — {s.attention_reason}" if s.attention_reason
-                  else s.attention_backend)
+        self._set("Attention", s.attention_backend)
+        self.labels["Attention"].setToolTip(s.attention_reason)  # why this backend; the row stays one line
         self._set("Memory", f"model {_mib(s.model_memory_bytes)}, KV {_mib(s.kv_cache_memory_bytes)}")
         self._show_requests(s, owners or {})
         self.decode_plot.add(s.decode_tokens_per_s)

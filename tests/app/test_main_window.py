@@ -78,7 +78,8 @@ def test_a_new_window_on_the_same_database_shows_the_same_conversations(qtbot, w
 
 
 def test_panel_shows_the_engine_stats(window):
-    stats = fake_stats(kv_blocks_used=20, kv_blocks_shared=4, kv_usage=20 / 64, decode_tokens_per_s=31.25)
+    stats = fake_stats(kv_blocks_used=20, kv_blocks_shared=4, kv_usage=20 / 64, decode_tokens_per_s=31.25,
+                       attention_reason="flash-attn runs on CUDA only")
     window.panel.update_stats(stats)
     labels = window.panel.labels
     assert labels["Decode"].text() == "31.2 tok/s"
@@ -86,6 +87,7 @@ def test_panel_shows_the_engine_stats(window):
     assert labels["Blocks"].text() == "20 used (4 shared), 6 cached, 48 free"
     assert labels["Prefix hit rate"].text() == "42% of prompt tokens"
     assert labels["Requests"].text() == "2 running, 1 waiting"
+    assert labels["Attention"].text() == "torch" and labels["Attention"].toolTip() == "flash-attn runs on CUDA only"
     assert [(n, marked) for n, _, marked in window.panel.pool.segments] == [(4, True), (6, False), (48, False)]
 
 
