@@ -11,6 +11,7 @@ from ..devices import available_memory, resolve_device, resolve_dtype, resolve_q
 from ..serving.kv_cache import kv_cache_blocks
 from ..step.block_linear import BLOCK, BLOCK_BYTES, GGUF_KINDS
 from ..step.quantization import PACKED_MODES, uses_native_blocks
+from . import gguf_cache
 from .gguf_info import GGML_TYPE_NAMES, read_gguf_info
 from .model_info import ModelInfo, read_model_info
 from .sources import ModelSource, resolve_source
@@ -44,22 +45,33 @@ class FitEstimate:
     context_length: int
     max_concurrent_full_context: int
     kv_size_set: bool = False  # the configuration sets the cache's size itself (num_kv_blocks, kv_cache_memory)
+    host_load_bytes: int = 0  # system memory a load onto a GPU passes through at its peak (see host_load_bytes)
+    host_available_bytes: int = 0
 
     @property
     def fits(self) -> bool:
-        """Weights and cache within the free memory, and (unless sized by hand) room for a useful context."""
+        """Weights and cache within the free memory, (unless sized by hand) room for a useful context, and
+        on a GPU enough system memory for the way there."""
         needed = self.weight_bytes + self.kv_tokens * self.kv_bytes_per_token
         enough_context = self.kv_size_set or self.kv_tokens >= MIN_CONTEXT_TOKENS
-        return needed <= self.available_bytes * MEMORY_SHARE and enough_context
+        return needed <= self.available_bytes * MEMORY_SHARE and enough_context and self.host_fits
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_load_bytes <= self.host_available_bytes * MEMORY_SHARE
 
     def summary(self) -> str:
         gib = 1024**3
-        return (
+        text = (
             f"{self.model_name} ({self.quantization}, {self.dtype}) on {self.device}: weights "
             f"{self.weight_bytes / gib:.2f} GiB, KV cache {self.kv_bytes_per_token / 1024:.1f} KiB per token, "
             f"{self.available_bytes / gib:.2f} GiB free -> {self.kv_tokens:,} tokens of context "
             f"({self.max_concurrent_full_context} chats at the full {self.context_length:,})"
         )
+        if not self.host_fits:
+            text += (f"; loading needs {self.host_load_bytes / gib:.2f} GiB of system memory on the way, "
+                     f"{self.host_available_bytes / gib:.2f} GiB free")
+        return text
 
     def to_dict(self) -> dict:
         return {**asdict(self), "fits": self.fits}
@@ -138,6 +150,25 @@ def output_head(source: ModelSource) -> OutputHead:
     return OutputHead(int(config.get("vocab_size", 0)), int(config.get("hidden_size", 0)), tied)
 
 
+def host_load_bytes(source: ModelSource, info: ModelInfo, quantization: str, dtype: torch.dtype,
+                    device: torch.device) -> int:
+    """System memory a load onto ``device`` passes through at its peak; 0 on the CPU, where the weights'
+    own estimate is that memory.
+
+    Safetensors folders, converted GGUF copies and GGUF blocks are read one tensor at a time (the largest is the
+    embedding table, read as stored and cast); a GGUF file's first conversion through transformers holds the
+    whole model in the compute dtype.
+    """
+    if device.type == "cpu":
+        return 0
+    element = torch.empty((), dtype=dtype).element_size()
+    whole = source.kind == "gguf" and quantization not in PACKED_MODES and gguf_cache.lookup(source, dtype) is None
+    if whole:
+        return info.parameter_count * element
+    head = output_head(source)
+    return head.rows * head.cols * (4 + element)
+
+
 def kv_bytes_per_token(info: ModelInfo, dtype: torch.dtype) -> int:
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * info.num_layers * info.num_kv_heads * info.head_dim * element
@@ -173,4 +204,6 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
         context_length=context,
         max_concurrent_full_context=kv_tokens // context if context else 0,
         kv_size_set=config.num_kv_blocks is not None or config.kv_cache_memory is not None,
+        host_load_bytes=host_load_bytes(source, info, quantization, dtype, device),
+        host_available_bytes=available_memory(torch.device("cpu")),
     )

@@ -1,9 +1,10 @@
 """A converted copy of each GGUF model, so it loads in seconds after the first time.
 
 transformers reads GGUF in Python (the tokenizer's vocabulary, tensor name mapping, dequantisation), which
-takes tens of seconds even for a small model. After the first float32 load, the dequantised weights (exactly
-the values transformers produced) and the tokenizer are saved as a Hugging Face folder in the user cache;
-later loads read that folder instead. The key covers the file's path, size and modification time, and the
+takes tens of seconds even for a small model. After the first load through transformers, the dequantised
+weights in the compute dtype (exactly the values transformers produced) and the tokenizer are saved as a
+Hugging Face folder in the user cache; later loads read that folder instead (tensor by tensor, see
+:mod:`.streamed_weights`). The key covers the file's path, size and modification time, the dtype and the
 transformers version, so a changed file or library is converted afresh.
 
 A copy is about five times its GGUF file, so the cache looks after its disk: a new copy of a file replaces the
@@ -59,20 +60,22 @@ def max_bytes() -> int:
         return DEFAULT_MAX_BYTES
 
 
-def _folder_for(source: ModelSource) -> Path:
+def _folder_for(source: ModelSource, dtype: torch.dtype = torch.float32) -> Path:
     import transformers
 
     stat = source.path.stat()
     key = f"{source.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    if dtype != torch.float32:  # float32 copies keep the key they always had
+        key += f"|{dtype}"
     return cache_root() / "gguf" / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def lookup(source: ModelSource) -> Path | None:
-    """The converted folder of a GGUF source, if a complete one exists; marks it as just used."""
+def lookup(source: ModelSource, dtype: torch.dtype = torch.float32) -> Path | None:
+    """The converted folder of a GGUF source in ``dtype``, if a complete one exists; marks it as just used."""
     if source.kind != "gguf":
         return None
     try:
-        marker = _folder_for(source) / COMPLETE_MARKER
+        marker = _folder_for(source, dtype) / COMPLETE_MARKER
         if not marker.is_file():
             return None
         marker.touch()  # its mtime is the copy's last use, for least-recently-used eviction
@@ -139,9 +142,10 @@ def _plain_checkpoint(model: torch.nn.Module):
             model.config.quantization_config = config
 
 
-def store(source: ModelSource, model: torch.nn.Module, tokenizer) -> Path | None:
-    """Save a freshly loaded float32 GGUF model and its tokenizer; failures only cost the speed-up."""
-    folder = _folder_for(source)
+def store(source: ModelSource, model: torch.nn.Module, tokenizer, dtype: torch.dtype = torch.float32) -> Path | None:
+    """Save a GGUF model freshly converted to ``dtype`` (float32 for the CPU, bfloat16 or float16 on a GPU)
+    and its tokenizer; failures only cost the speed-up."""
+    folder = _folder_for(source, dtype)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_staging(folder.parent)

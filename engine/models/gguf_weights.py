@@ -23,8 +23,9 @@ from torch import nn
 from ..errors import ModelLoadError
 from ..step.block_linear import GGUF_KINDS, BlockEmbedding, BlockQuantLinear
 from ..step.packed_linear import GGUF_BLOCK, Int4Linear, Int8Linear, can_pack_int4
-from ..step.quantization import pack_output_head, packed_layer, quantizable_linears, uses_native_blocks
+from ..step.quantization import pack_output_head, packed_layer, uses_native_blocks
 from .gguf_info import read_gguf_info, read_tensors
+from .skeleton import empty_model, named_linears, unfilled
 from .sources import ModelSource
 
 DIRECT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups
@@ -74,7 +75,7 @@ def _fill(done: PackedLoad, tensors: list, architecture: str, mode: str, dtype: 
     token embedding tensor where its blocks are kept (see :func:`_keeps_embedding_blocks`), else None."""
     processor = _processor(architecture, done.model.config)
     names = _tensor_names(done.model, architecture)
-    linears = _named_linears(done.model)
+    linears = named_linears(done.model)
     state, embedding = {}, None
     for tensor in tensors:
         target = names.get(tensor.name)
@@ -107,19 +108,16 @@ def _embed_from_blocks(model: nn.Module, tensor, tied: bool) -> None:
 
 def _skeleton(source: ModelSource, dtype: torch.dtype, attn: str, config_folder: Path | None) -> nn.Module:
     """The model with its parameters on ``meta`` (buffers such as rotary frequencies are real)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         if config_folder is not None:
             config = AutoConfig.from_pretrained(config_folder, trust_remote_code=False)
         else:
             config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, trust_remote_code=False)
-        with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+        return empty_model(config, dtype, attn)
     except Exception as exc:
         raise ModelLoadError(f"could not build {source.name} from its GGUF config: {exc}") from exc
-    return model.eval()
 
 
 def _processor(architecture: str, config):
@@ -148,12 +146,6 @@ def _tensor_names(model: nn.Module, architecture: str) -> dict[str, str]:
         if gguf_name is not None:
             names[f"{gguf_name}.{suffix}"] = name
     return names
-
-
-def _named_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
-    prefix = {id(module): name for name, module in model.named_modules()}
-    return {f"{prefix[id(parent)]}.{attr}".lstrip("."): (parent, attr, layer)
-            for parent, attr, layer in quantizable_linears(model)}
 
 
 def _packed_layer(tensor, mode: str, processor, layer: nn.Linear, requantized: Counter, device) -> nn.Module:
@@ -211,6 +203,6 @@ def _dequantized(tensor, processor, dtype: torch.dtype) -> torch.Tensor:
 
 def _check_complete(model: nn.Module, source: ModelSource) -> None:
     """Every parameter and buffer was filled from the file; a missing one would compute garbage."""
-    missing = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    missing = unfilled(model)
     if missing:
         raise ModelLoadError(f"{source.name}: the GGUF file has no tensor for {', '.join(missing[:5])}")

@@ -18,6 +18,7 @@ from . import gguf_cache
 from .gguf_weights import load_packed_gguf
 from .memory import PeakMemory, return_freed_memory
 from .sources import ModelSource, resolve_source
+from .streamed_weights import load_streamed, streams
 from .weights_check import check_architecture_known
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def load_model(
     dtype = resolve_dtype(config.dtype, device)
     quantization, quantization_note = choose_quantization(config.quantization, device, source, dtype)
     from_blocks = source.kind == "gguf" and quantization in PACKED_MODES  # packed straight from the file
-    converted = gguf_cache.lookup(source)
+    converted = gguf_cache.lookup(source, dtype)
     files = ModelSource(source.name, converted, origin=source.origin) if converted else source
     headers = gguf_cache.header_folder(source)  # config and tokenizer as transformers read them before
     report(0.05, "reading the tokenizer")
@@ -82,21 +83,25 @@ def load_model(
         if not kernels.available():  # also a library built before that no longer loads
             warnings.append(f"{kernels.status().detail}; using torch's slower packed kernels")
     first_conversion = source.kind == "gguf" and not converted and not from_blocks
-    report(0.15, "converting the GGUF file (once)" if first_conversion else "reading the weights")
+    streamed = files.kind == "hf" and streams(quantization, device)
+    phrase = ("converting the GGUF file (once)" if first_conversion
+              else f"reading the weights into {quantization}" if streamed and quantization != "none"
+              else "reading the weights")
+    report(0.15, phrase)
     with PeakMemory(device) as reading:
-        packed_mode = quantization if from_blocks else None
-        model, load_warnings = _load_weights(files, dtype, attn_implementation, packed_mode, device, headers)
+        plan = WeightsPlan(quantization, from_blocks, streamed, dtype, attn_implementation, device)
+        model, load_warnings, ready = _load_weights(files, plan, headers, lambda f: report(0.15 + 0.75 * f, phrase))
         warnings += load_warnings
         max_model_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
         check_supported(model.config, max_model_len)
-    if files.kind == "gguf" and dtype == torch.float32 and not warnings and not from_blocks:
+    if files.kind == "gguf" and not warnings and not from_blocks:
         report(0.55, "keeping a converted copy for faster loads")
-        gguf_cache.store(source, model, tokenizer)  # not part of loading's peak: it happens once per file
+        gguf_cache.store(source, model, tokenizer, dtype)  # not part of loading's peak: it happens once per file
         return_freed_memory()
     elif from_blocks and keep_headers:
         gguf_cache.store_headers(source, model.config, tokenizer)
     with PeakMemory(device) as placing:
-        if quantization != "none" and not from_blocks:
+        if quantization != "none" and not ready:
             phrase = f"quantising to {quantization}"
             report(0.6, phrase)
             quantize_model(model, quantization, dtype, device, lambda f: report(0.6 + 0.35 * f, phrase))
@@ -155,34 +160,51 @@ def check_supported(hf_config, max_model_len: int) -> None:
         )
 
 
-def _load_weights(
-    source: ModelSource, dtype: torch.dtype, attn: str, packed_mode: str | None, device: torch.device,
-    config_folder: Path | None = None,
-) -> tuple[torch.nn.Module, list[str]]:
-    """The model from ``source`` and warnings: through transformers, or (``packed_mode``) from the GGUF blocks
-    (with the config from ``config_folder`` when given)."""
-    if packed_mode:
+@dataclass(frozen=True, slots=True)
+class WeightsPlan:
+    """How the weights are read: ``from_blocks`` packed from a GGUF file's blocks, ``streamed`` tensor by
+    tensor (quantised and placed on the way, see :mod:`.streamed_weights`), else whole through transformers."""
+
+    quantization: str
+    from_blocks: bool
+    streamed: bool
+    dtype: torch.dtype
+    attn: str
+    device: torch.device
+
+
+def _load_weights(source: ModelSource, plan: WeightsPlan, config_folder: Path | None,
+                  progress: Callable[[float], None]) -> tuple[torch.nn.Module, list[str], bool]:
+    """The model from ``source``, warnings, and whether it is already quantised and on the device.
+
+    ``config_folder``: where a GGUF file's config was kept before (see :func:`.gguf_cache.header_folder`).
+    """
+    if plan.from_blocks:
         try:
-            loaded = load_packed_gguf(source, packed_mode, dtype, attn, device, config_folder)
+            loaded = load_packed_gguf(source, plan.quantization, plan.dtype, plan.attn, plan.device, config_folder)
         except ModelLoadError:
             raise
         except Exception as exc:
             raise ModelLoadError(f"could not load the weights of {source.name}: {exc}") from exc
-        return loaded.model.eval(), loaded.warnings()
+        return loaded.model.eval(), loaded.warnings(), True
+    if plan.streamed:
+        model = load_streamed(source, plan.quantization, plan.dtype, plan.attn, plan.device, progress)
+        if model is not None:
+            return model, [], True
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.folder,
             gguf_file=source.gguf_file,
-            dtype=dtype,
-            attn_implementation=attn,
+            dtype=plan.dtype,
+            attn_implementation=plan.attn,
             use_safetensors=None if source.gguf_file else True,
             trust_remote_code=False,
         )
     except Exception as exc:
         raise ModelLoadError(f"could not load the weights of {source.name}: {exc}") from exc
-    return model.eval(), []
+    return model.eval(), [], False
 
 
 def _eos_token_ids(model, tokenizer) -> frozenset[int]:

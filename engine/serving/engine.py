@@ -26,6 +26,7 @@ from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapsho
 from .outputs import RequestOutput
 from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
+from .warmup import step_peak_bytes
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class Engine:
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
+        self.step_peak_bytes = 0  # measured on a GPU before sizing the cache
         self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device)
         self._new_scheduler()
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend)
@@ -313,8 +315,16 @@ class Engine:
         return "torch", problem
 
     def _num_kv_blocks(self, shape: KVShape) -> int:
-        return kv_cache_blocks(self.config, self.device, shape.bytes_per_token(), self.max_model_len,
-                               available_memory(self.device))
+        """The cache's size by the one rule (:func:`kv_cache_blocks`); on a GPU from the memory left once a
+        measured largest step has its room (see :mod:`.warmup`)."""
+        free = available_memory(self.device)
+        sized_by_hand = self.config.num_kv_blocks is not None or self.config.kv_cache_memory is not None
+        if self.device.type == "cuda" and not sized_by_hand:
+            tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+            self.step_peak_bytes = step_peak_bytes(self.loaded.model, shape, self.block_size, self.device,
+                                                   self.attention_backend, tokens)
+            free = max(0, available_memory(self.device) - self.step_peak_bytes)
+        return kv_cache_blocks(self.config, self.device, shape.bytes_per_token(), self.max_model_len, free)
 
     def _why_it_cannot_fit(self, seq: Sequence) -> str | None:
         if seq.num_prompt_tokens == 0:

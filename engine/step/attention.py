@@ -16,6 +16,7 @@ from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 
 from ..serving.kv_cache import KVCache
+from .transfer import to_device
 
 ATTENTION_NAME = "kvasir_paged"
 
@@ -67,7 +68,7 @@ def _causal_mask(query_positions: list[list[int]], kv_width: int, dtype: torch.d
     if all(p >= kv_width - 1 for row in query_positions for p in row):
         return None
     allowed = torch.arange(kv_width)[None, None, :] <= torch.tensor(query_positions)[:, :, None]
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(1).to(device)
+    return to_device(torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(1), device)
 
 
 @dataclass(slots=True)
@@ -112,8 +113,7 @@ def build_metadata(
     positions = [p for s in slices for p in range(s.start, s.end)]
     slots = [s.block_table[p // block_size] * block_size + p % block_size
              for s in slices for p in range(s.start, s.end)]
-    meta = StepMetadata(kv_cache, torch.tensor(positions).to(device, non_blocking=True),
-                        torch.tensor(slots).to(device, non_blocking=True))
+    meta = StepMetadata(kv_cache, to_device(torch.tensor(positions), device), to_device(torch.tensor(slots), device))
     if backend == "flash_attn":
         meta.flash = _flash_metadata(slices, tables, device)
         return meta
@@ -148,9 +148,9 @@ def _group_metadata(
     num_blocks = -(-kv_width // block_size)
     first_blocks = [_consecutive_start(s.block_table[: -(-s.end // block_size)]) for s in slices]
     return GroupMetadata(
-        query_index=torch.tensor([[s.offset + j for j in row] for s, row in zip(slices, steps)]).to(device),
-        kv_blocks=tables[:, :num_blocks].contiguous().view(-1).to(device),
-        kv_lengths=torch.tensor([s.end for s in slices]).to(device),
+        query_index=to_device(torch.tensor([[s.offset + j for j in row] for s, row in zip(slices, steps)]), device),
+        kv_blocks=to_device(tables[:, :num_blocks].contiguous().view(-1), device),
+        kv_lengths=to_device(torch.tensor([s.end for s in slices]), device),
         kv_width=kv_width,
         is_whole_step=whole and all_valid and q_width * len(slices) == sum(lengths),
         query_positions=[[s.start + j for j in row] for s, row in zip(slices, steps)],
@@ -170,11 +170,11 @@ def _flash_metadata(slices: list[SequenceSlice], tables: torch.Tensor, device: t
     k_lens = torch.tensor([s.end for s in slices], dtype=torch.int32)
     zero = torch.zeros(1, dtype=torch.int32)
     return FlashMetadata(
-        cu_seqlens_q=torch.cat([zero, q_lens.cumsum(0, dtype=torch.int32)]).to(device),
-        cu_seqlens_k=torch.cat([zero, k_lens.cumsum(0, dtype=torch.int32)]).to(device),
+        cu_seqlens_q=to_device(torch.cat([zero, q_lens.cumsum(0, dtype=torch.int32)]), device),
+        cu_seqlens_k=to_device(torch.cat([zero, k_lens.cumsum(0, dtype=torch.int32)]), device),
         max_seqlen_q=int(q_lens.max()),
         max_seqlen_k=int(k_lens.max()),
-        block_table=tables.to(device=device, dtype=torch.int32),
+        block_table=to_device(tables.to(torch.int32), device),
     )
 
 

@@ -94,6 +94,14 @@ def pack_model(
     return len(layers)
 
 
+def quantized_layer(weight: torch.Tensor, bias: torch.Tensor | None, mode: str, compute_dtype: torch.dtype,
+                    device: torch.device) -> nn.Module:
+    """One linear layer's float ``weight`` [out, in] (and ``bias``) as a ``mode`` layer on ``device``."""
+    if mode in PACKED_MODES:
+        return packed_layer(weight.to(device), mode, device, None if bias is None else bias.to(device))
+    return _quantized(import_bitsandbytes(), _as_linear(weight, bias), mode, compute_dtype, device)
+
+
 def uses_native_blocks(device: torch.device, in_features: int) -> bool:
     """Whether packed layers on ``device`` with ``in_features`` inputs are native Q4_1 / Q8_0 block layers."""
     return device.type == "cpu" and in_features % BLOCK == 0 and kernels.available()

@@ -10,6 +10,7 @@ from .attention import SequenceSlice, build_metadata
 from .lean_decoder import lean_decoder_for
 from .native_decoder import native_decoder_for
 from .sampler import Sampler, SamplingRow
+from .transfer import to_device
 
 
 class ModelRunner:
@@ -30,8 +31,8 @@ class ModelRunner:
         """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
         input_ids, slices, sample_index = self._pack(chunks)
         meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
-        input_ids = input_ids.to(self.device, non_blocking=True)
-        sample_index = sample_index.to(self.device, non_blocking=True)
+        input_ids = to_device(input_ids, self.device)
+        sample_index = to_device(sample_index, self.device)
         logits = self.lean(input_ids, meta, sample_index) if self.lean else self._transformers_forward(
             input_ids, meta, sample_index)
         rows = [

@@ -4,7 +4,8 @@
 (a tiny one, and with ``--sizes`` a few-hundred-million-parameter one and Llama-3-8B's shape), then checks, each
 part on its own so one failure does not hide the rest: versions and the device probes with their own errors;
 greedy parity with transformers' ``generate`` in float32; bfloat16 against float32; the calls per step that
-wait for the device; decode tok/s at 1, 16 and 64 chats per quantisation against the memory-bandwidth bound.
+wait for the device; the KV cache's default size and the memory held after two model switches; decode tok/s
+at 1, 16 and 64 chats per quantisation against the memory-bandwidth bound.
 Everything goes to ``DIR/gpu-check.json``; the exit status is 1 when any part failed, or when ``--device cuda``
 finds no usable GPU (a machine that claims one must not pass by skipping).
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             part("parity_float32", lambda: parity_float32(tiny, args.device))
             part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, args.device))
             part("syncs_per_step", lambda: syncs_per_step(tiny, args.device))
+            part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, args.device))
             sizes = args.sizes or ("tiny,mid,llama3-8b" if args.device == "cuda" else "tiny")
             for size in sizes.split(","):
                 shape = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}[size]
@@ -205,6 +207,32 @@ def syncs_per_step(model: Path, device: str) -> dict:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     return {"steps": len(waits), "max_waits_per_step": max(waits), "per_step": waits}
+
+
+def kv_sizing_and_switches(model: Path, device: str) -> dict:
+    """The KV cache sized by default (after the measured warm-up step), and the memory held after two
+    switches (float32 -> bfloat16 -> float32) against the first load's: a leak shows as growth."""
+    from .. import EngineConfig
+    from ..models.memory import resident_bytes
+
+    def held() -> int:
+        if device == "cuda":
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated()
+        return resident_bytes()
+
+    engine = _engine(model, device, dtype="float32", quantization="none")
+    stats = engine.stats()
+    first = held()
+    result = {"step_peak_bytes": engine.step_peak_bytes, "kv_blocks": stats.kv_blocks_total,
+              "kv_cache_bytes": stats.kv_cache_memory_bytes, "held_after_load": first}
+    for dtype in ("bfloat16", "float32"):
+        engine.switch_model(EngineConfig(model=str(model), device=device, dtype=dtype, quantization="none"))
+        result[f"held_after_switch_to_{dtype}"] = held()
+    result["growth_bytes"] = result["held_after_switch_to_float32"] - first
+    if device == "cuda" and abs(result["growth_bytes"]) > 64 * 2**20:
+        raise AssertionError(f"device memory after two switches differs from the first load's: {result}")
+    return result
 
 
 def decode_speed(model: Path, device: str) -> dict:

@@ -118,3 +118,23 @@ def test_a_copy_larger_than_the_cap_is_not_made(cache, tmp_path, monkeypatch):
     assert gguf_cache.store(_source(tmp_path), FakeModel(64 * KIB), FakeTokenizer()) is None
     monkeypatch.setenv(gguf_cache.MAX_BYTES_ENV, "lots")
     assert gguf_cache.max_bytes() == gguf_cache.DEFAULT_MAX_BYTES == 4 * 1024**3
+
+
+def test_a_bfloat16_load_keeps_a_copy_of_its_own_and_reads_it_next_time(tiny_llama, tmp_path, monkeypatch):
+    """GPU loads (bfloat16) convert a GGUF file once too, not on every start; the float32 copy is separate."""
+    from engine import Engine, EngineConfig, SamplingParams
+    from engine.models.sources import resolve_source
+    from tests.helpers.tiny_gguf import write_tiny_llama_gguf
+
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "cache"))
+    path = write_tiny_llama_gguf(tiny_llama, tmp_path / "tiny.gguf")
+    source = resolve_source(str(path))
+    config = EngineConfig(model=str(path), dtype="bfloat16", quantization="none", num_kv_blocks=16)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    first = Engine(config)
+    copy = gguf_cache.lookup(source, torch.bfloat16)
+    assert copy is not None and gguf_cache.lookup(source) is None
+    assert first.loaded.loaded_from == path
+    second = Engine(config)
+    assert second.loaded.loaded_from == copy
+    assert second.generate([[1, 7, 30]], greedy)[0].token_ids == first.generate([[1, 7, 30]], greedy)[0].token_ids

@@ -22,6 +22,8 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, tokenizer_dir):
     assert status == 0 and report["failed"] == []
     assert report["parity_float32"]["identical"] == len(gpu_check.PROMPTS)
     assert report["bfloat16_vs_float32"]["cosine"] > 0.99
+    sizing = report["kv_sizing_and_switches"]
+    assert sizing["kv_blocks"] > 0 and "held_after_switch_to_float32" in sizing
     decode = report["decode_tiny"]
     assert {"none", "int4"} <= decode.keys() and all(decode[m]["64_chats_tok_s"] > 0 for m in ("none", "int4"))
 

@@ -50,3 +50,73 @@ def test_the_cpu_pool_takes_memory_as_its_blocks_are_used():
     for layer in range(8):
         cache.keys[layer][:1024] = 1.0  # half the key blocks of every layer: 128 MiB
     assert resident_bytes() - before > 100 * 1024**2
+
+
+def test_on_a_gpu_the_cache_is_sized_from_what_a_measured_step_leaves(monkeypatch):
+    """free memory - the warm-up step's peak, then the one rule; sized-by-hand caches skip the warm-up."""
+    from types import SimpleNamespace
+
+    from engine.serving import engine as engine_module
+    from engine.serving.kv_cache import KVShape
+
+    monkeypatch.setattr(engine_module, "available_memory", lambda device: 10 * GIB)
+    calls = []
+
+    def measured(model, shape, block_size, device, backend, tokens):
+        calls.append(tokens)
+        return 3 * GIB
+
+    monkeypatch.setattr(engine_module, "step_peak_bytes", measured)
+    shape = KVShape(num_layers=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    per_token = shape.bytes_per_token()
+    fake = SimpleNamespace(device=CUDA, config=EngineConfig(max_num_batched_tokens=512, max_num_seqs=4096),
+                           max_model_len=300, loaded=SimpleNamespace(model=None), block_size=16,
+                           attention_backend="torch")
+    blocks = Engine._num_kv_blocks(fake, shape)
+    assert calls == [300]  # the largest step: max_num_batched_tokens, at most the context
+    assert fake.step_peak_bytes == 3 * GIB
+    assert blocks == int(7 * GIB * CUDA_KV_SHARE) // (16 * per_token)
+    fake.config = EngineConfig(num_kv_blocks=9)
+    assert Engine._num_kv_blocks(fake, shape) == 9 and calls == [300]
+
+
+def test_the_warm_up_step_runs_the_model_and_leaves_the_engine_as_it_was(tiny_llama):
+    from engine import SamplingParams
+    from engine.serving.kv_cache import KVShape
+    from engine.serving.warmup import step_peak_bytes
+
+    engine = Engine(EngineConfig(model=str(tiny_llama), num_kv_blocks=64))
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    before = engine.generate([[1, 5, 9, 200]], greedy)[0].token_ids
+    shape = KVShape.from_config(engine.loaded.model.config, engine.loaded.dtype)
+    peak = step_peak_bytes(engine.loaded.model, shape, engine.block_size, engine.device, engine.attention_backend,
+                           512)
+    assert isinstance(peak, int) and peak >= 0
+    assert engine.generate([[1, 5, 9, 200]], greedy)[0].token_ids == before
+
+
+def test_a_gpu_load_needs_system_memory_on_the_way(tiny_llama, tmp_path, monkeypatch):
+    """Tensor by tensor for safetensors (the embedding is the largest); a GGUF's first conversion holds the whole
+    model; an estimate whose way through system memory does not fit says so and does not fit."""
+    from dataclasses import replace
+
+    from engine.models import fit
+    from engine.models.model_info import read_model_info
+    from engine.models.sources import resolve_source
+    from tests.helpers.tiny_gguf import write_tiny_llama_gguf
+
+    monkeypatch.setenv("KVASIR_CACHE_DIR", str(tmp_path / "cache"))
+    source = resolve_source(str(tiny_llama))
+    info = read_model_info(source)
+    head = fit.output_head(source)
+    assert fit.host_load_bytes(source, info, "nf4", torch.bfloat16, CPU) == 0
+    assert fit.host_load_bytes(source, info, "nf4", torch.bfloat16, CUDA) == head.rows * head.cols * (4 + 2)
+    gguf = resolve_source(str(write_tiny_llama_gguf(tiny_llama, tmp_path / "tiny.gguf", "Q8_0")))
+    gguf_info = read_model_info(gguf)
+    assert fit.host_load_bytes(gguf, gguf_info, "none", torch.bfloat16, CUDA) == gguf_info.parameter_count * 2
+    gguf_head = fit.output_head(gguf)  # packed from the file's blocks: one tensor at a time
+    assert fit.host_load_bytes(gguf, gguf_info, "int4", torch.bfloat16, CUDA) == gguf_head.rows * gguf_head.cols * 6
+    good = estimate(EngineConfig(model=str(tiny_llama)))
+    assert good.host_fits and good.fits
+    short = replace(good, host_load_bytes=good.host_available_bytes)
+    assert not short.fits and "of system memory on the way" in short.summary()
