@@ -22,9 +22,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--version", action="version", version=f"kvasir {__version__}")
     parser.add_argument("--self-test", action="store_true",
                         help="start offscreen, send one message, print its metrics as JSON, exit")
-    parser.add_argument("--model", default="default", help="model to start with (default: the bundled one)")
-    parser.add_argument("--quant", default="auto", help="quantisation mode (the engine lists and checks them)")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--model", help="model to start with (default: the one used last, else the bundled one)")
+    parser.add_argument("--quant", help="quantisation mode (default: the one used last, else auto)")
+    parser.add_argument("--device", help="auto, cpu or cuda (default: the one used last, else auto)")
     parser.add_argument("--data-dir", default=None, help="where chats are stored (default: the user data folder)")
     return parser.parse_args(argv)
 
@@ -43,22 +43,21 @@ def run(args: argparse.Namespace) -> int:
     import qasync
     from PySide6.QtWidgets import QApplication
 
-    from engine import EngineConfig
-
     from .bridge import EngineBridge
     from .main_window import MainWindow
 
-    try:
-        config = EngineConfig(model=args.model, quantization=args.quant, device=args.device)
-    except ValueError as exc:
-        print(f"kvasir: {exc}", file=sys.stderr)
-        return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Kvasir")
     lock, opened = open_for_this_run(args.self_test)  # the lock is held until run() returns
     if opened is None:
         return 1
     store, library, settings = opened
+    try:
+        config = starting_config(args, settings)
+    except ValueError as exc:
+        print(f"kvasir: {exc}", file=sys.stderr)
+        lock.unlock()
+        return 2
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     bridge = EngineBridge()
@@ -77,6 +76,16 @@ def run(args: argparse.Namespace) -> int:
             window.close()
             store.close()
             lock.unlock()
+
+
+def starting_config(args: argparse.Namespace, settings):
+    """The command line's choices, else what served last (the self-test always runs the bundled model)."""
+    from engine import EngineConfig
+
+    last = {} if args.self_test else {key: settings[key] for key in ("model", "quantization", "device")}
+    return EngineConfig(model=args.model or last.get("model", "default"),
+                        quantization=args.quant or last.get("quantization", "auto"),
+                        device=args.device or last.get("device", "auto"))
 
 
 def open_for_this_run(self_test: bool):
@@ -122,9 +131,9 @@ async def self_test(window) -> int:
         print(f"self-test failed: the model did not load: {bridge.load_error}", file=sys.stderr)
         return 1
     load_s = time.perf_counter() - started
-    conversation = window.store.conversation(window.current)  # greedy, so the check is repeatable
-    window.store.update_conversation(window.current, settings={**conversation.settings, "temperature": 0.0,
-                                                               "max_tokens": 48})
+    conversation = window.conversations.get(window.current)  # greedy, so the check is repeatable
+    window.conversations.configure(window.current, conversation.preset, conversation.system_prompt,
+                                   {**conversation.settings, "temperature": 0.0, "max_tokens": 48})
     message = await window.send(SELF_TEST_PROMPT)
     stats = message.stats
     if message.status != "complete" or not message.text.strip():

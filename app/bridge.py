@@ -9,12 +9,60 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from engine import AsyncEngine, EngineConfig, EngineStats, RequestOutput, SamplingParams
 
 STATS_INTERVAL_MS = 250
+
+
+class ReplyStream(Protocol):
+    """A reply being generated: ``async for`` its outputs; leaving the loop stops it."""
+
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
+
+
+class ChatEngine(Protocol):
+    """What the window and the controller use of the engine. :class:`EngineBridge` is the real one; the tests'
+    scripted bridge provides the same.
+
+    Signals: ``load_progress(fraction, phrase)``, ``loaded(EngineStats)``, ``load_failed(reason)``,
+    ``stats_updated(EngineStats)``, ``engine_failed(reason)``.
+    """
+
+    load_progress: Signal
+    loaded: Signal
+    load_failed: Signal
+    stats_updated: Signal
+    engine_failed: Signal
+    config: EngineConfig | None  # the configuration that serves (or loads)
+    loading: bool
+    failure: str | None
+    load_error: str | None
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def serving(self) -> bool: ...
+
+    def start(self, config: EngineConfig) -> None: ...
+
+    async def switch(self, config: EngineConfig) -> None: ...
+
+    def restart(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def stream(self, messages: list[dict], sampling: SamplingParams) -> ReplyStream: ...
+
+    def count_tokens(self, messages: list[dict]) -> int: ...
+
+    def stats(self) -> EngineStats | None: ...
 
 
 class EngineBridge(QObject):
@@ -150,7 +198,7 @@ class EngineBridge(QObject):
         self._timer.stop()
         self.engine_failed.emit(reason)
 
-    def stream(self, messages: list[dict], sampling: SamplingParams) -> AsyncIterator[RequestOutput]:
+    def stream(self, messages: list[dict], sampling: SamplingParams) -> ReplyStream:
         """Stream a reply to chat ``messages``; leaving the loop stops it."""
         return self.engine.stream(messages, sampling)
 

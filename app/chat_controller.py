@@ -9,8 +9,9 @@ from PySide6.QtCore import QObject, Signal
 
 from engine import SamplingParams
 
-from .bridge import EngineBridge
-from .store import Message, Store
+from .bridge import ChatEngine
+from .conversations import Conversations
+from .store import Message
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
 STATUS_OF = {"stop": "complete", "length": "complete", "abort": "stopped", "error": "error"}
@@ -18,16 +19,18 @@ DEFAULT_SAMPLING = {"max_tokens": 512, "temperature": 0.7, "top_p": 0.95}
 
 
 class ChatController(QObject):
-    """Turns user actions into engine requests and store writes; views listen to its signals."""
+    """Turns user actions into engine requests and writes to the chats; views listen to its signals and to
+    :class:`Conversations`'."""
 
     reply_started = Signal(int, int)  # conversation id, reply message id
     reply_delta = Signal(int, int, str)  # conversation id, reply message id, the text so far
+    first_token = Signal(int, float)  # conversation id, time to first token (s), the moment it arrives
     reply_finished = Signal(int, object)  # conversation id, the stored Message
     error = Signal(str)
 
-    def __init__(self, store: Store, bridge: EngineBridge, parent=None) -> None:
+    def __init__(self, conversations: Conversations, bridge: ChatEngine, parent=None) -> None:
         super().__init__(parent)
-        self.store, self.bridge = store, bridge
+        self.conversations, self.bridge = conversations, bridge
         self.tasks: dict[int, asyncio.Task] = {}
         self.streaming: dict[int, dict[int, str]] = {}  # conversation -> reply id -> text so far
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
@@ -37,27 +40,27 @@ class ChatController(QObject):
 
     def send(self, conversation_id: int, text: str) -> asyncio.Task:
         """Add the user's message to the thread and start the reply."""
-        head = self.store.conversation(conversation_id).head_id
-        if not self.store.thread(conversation_id):
-            self.store.update_conversation(conversation_id, title=_title_from(text))
-        user = self.store.add_message(conversation_id, "user", text, parent_id=head)
+        head = self.conversations.get(conversation_id).head_id
+        if not self.conversations.thread(conversation_id):
+            self.conversations.rename(conversation_id, _title_from(text))
+        user = self.conversations.add_message(conversation_id, "user", text, parent_id=head)
         return self._start(conversation_id, user.id)
 
     def regenerate(self, conversation_id: int) -> asyncio.Task | None:
         """Write the last reply again; the old one stays as a previous version."""
-        thread = self.store.thread(conversation_id)
+        thread = self.conversations.thread(conversation_id)
         last_user = next((m for m in reversed(thread) if m.role == "user"), None)
         if last_user is None or self.is_generating(conversation_id):
             return None
-        self.store.update_conversation(conversation_id, head_id=last_user.id)
+        self.conversations.show_up_to(conversation_id, last_user.id)
         return self._start(conversation_id, last_user.id)
 
     def edit(self, conversation_id: int, message_id: int, text: str) -> asyncio.Task:
         """Replace a user message and what followed it; the old branch is kept as a previous version."""
-        original = self.store.message(message_id)
+        original = self.conversations.message(message_id)
         if original.role != "user":
             raise ValueError("only your own messages can be edited")
-        edited = self.store.add_message(conversation_id, "user", text, parent_id=original.parent_id)
+        edited = self.conversations.add_message(conversation_id, "user", text, parent_id=original.parent_id)
         return self._start(conversation_id, edited.id)
 
     def stop(self, conversation_id: int) -> None:
@@ -65,37 +68,40 @@ class ChatController(QObject):
         if task is not None:
             task.cancel()
 
-    def messages_for_model(self, conversation_id: int, next_user_text: str | None = None) -> list[dict]:
+    def messages_for_model(self, conversation_id: int, next_user_text: str | None = None,
+                           skipped: int | None = None) -> list[dict]:
         """The chat messages the model sees: the system prompt and the thread on screen, less any turns the
-        user chose to drop when the context filled up; ``next_user_text`` is a message about to be sent."""
-        conv = self.store.conversation(conversation_id)
-        thread = self.store.thread(conversation_id)[conv.settings.get("skip_messages", 0):]
+        user chose to drop when the context filled up (or the first ``skipped``); ``next_user_text`` is a
+        message about to be sent."""
+        conv = self.conversations.get(conversation_id)
+        skipped = conv.settings.get("skip_messages", 0) if skipped is None else skipped
+        thread = self.conversations.thread(conversation_id)[skipped:]
         if next_user_text is not None:
             thread = [*thread, Message(0, conversation_id, None, "user", next_user_text, 0.0)]
         system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
         return system + [{"role": m.role, "content": m.text} for m in thread if m.text or m.role == "user"]
 
-    def context_needed(self, conversation_id: int, next_user_text: str, count_tokens) -> int:
+    def context_needed(self, conversation_id: int, next_user_text: str, count_tokens,
+                       skipped: int | None = None) -> int:
         """Tokens the next request needs: its prompt plus the reply's max_tokens."""
-        prompt = count_tokens(self.messages_for_model(conversation_id, next_user_text))
+        prompt = count_tokens(self.messages_for_model(conversation_id, next_user_text, skipped))
         return prompt + self.sampling_for(conversation_id).max_tokens
 
     def drop_oldest_turns(self, conversation_id: int, next_user_text: str, count_tokens, limit: int) -> bool:
         """Stop sending the oldest turns (the system prompt stays) until the next request fits; False if even
         the new message alone would not fit."""
-        original = self.store.conversation(conversation_id).settings
-        settings = dict(original)
-        visible = len(self.store.thread(conversation_id))
-        while self.context_needed(conversation_id, next_user_text, count_tokens) > limit:
-            if settings.get("skip_messages", 0) >= visible:
-                self.store.update_conversation(conversation_id, settings=original)
+        original = self.conversations.get(conversation_id).settings.get("skip_messages", 0)
+        skipped, visible = original, len(self.conversations.thread(conversation_id))
+        while self.context_needed(conversation_id, next_user_text, count_tokens, skipped) > limit:
+            if skipped >= visible:
                 return False
-            settings["skip_messages"] = settings.get("skip_messages", 0) + 2
-            self.store.update_conversation(conversation_id, settings=settings)
+            skipped += 2
+        if skipped != original:
+            self.conversations.set_skipped(conversation_id, skipped)
         return True
 
     def sampling_for(self, conversation_id: int) -> SamplingParams:
-        settings = {**DEFAULT_SAMPLING, **self.store.conversation(conversation_id).settings}
+        settings = {**DEFAULT_SAMPLING, **self.conversations.get(conversation_id).settings}
         return SamplingParams(**{k: v for k, v in settings.items() if k in SamplingParams.__slots__})
 
     def _start(self, conversation_id: int, parent_id: int) -> asyncio.Task:
@@ -107,24 +113,24 @@ class ChatController(QObject):
     async def _generate(self, conversation_id: int, parent_id: int) -> Message:
         messages = self.messages_for_model(conversation_id)
         stats = self.bridge.stats()
-        reply = self.store.add_message(conversation_id, "assistant", "", parent_id=parent_id, status="partial",
-                                       model=stats.model_name if stats else None,
-                                       quantization=stats.quantization if stats else None)
+        reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
+                                               status="partial", model=stats.model_name if stats else None,
+                                               quantization=stats.quantization if stats else None)
         live = self.streaming.setdefault(conversation_id, {})
         live[reply.id] = ""
         self.reply_started.emit(conversation_id, reply.id)
         text, last, status, error, saved = "", None, "stopped", None, time.monotonic()
         try:
             stream = self.bridge.stream(messages, self.sampling_for(conversation_id))
-            request_id = getattr(stream, "request_id", None)
-            if request_id is not None:
-                self.request_owners[request_id] = conversation_id
+            self.request_owners[stream.request_id] = conversation_id
             async for out in stream:
+                if last is None and out.metrics.ttft_s is not None:
+                    self.first_token.emit(conversation_id, out.metrics.ttft_s)
                 text, last = out.text, out
                 live[reply.id] = text
                 self.reply_delta.emit(conversation_id, reply.id, text)
                 if time.monotonic() - saved > SAVE_INTERVAL_S:
-                    self.store.update_message(reply.id, text=text)
+                    self.conversations.save_partial(reply.id, text)
                     saved = time.monotonic()
             status, error = STATUS_OF[last.finish_reason], last.error
         except asyncio.CancelledError:
@@ -135,7 +141,8 @@ class ChatController(QObject):
             live.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
             metrics = _metrics(last)
-            stored = self.store.update_message(reply.id, text=text, status=status, error=error, stats=metrics)
+            stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
+                                                       stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
         return stored
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from enum import Enum
 
 from PySide6.QtCore import QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
@@ -11,7 +12,16 @@ from PySide6.QtWidgets import QTextBrowser
 from .markdown import MarkdownRenderer, is_safe_link, new_action_prefix
 from .store import Message
 
-VIEW_ACTIONS = ("edit", "regenerate", "previous", "next")
+
+class MessageAction(Enum):
+    """What a message's buttons ask for (besides Copy, which the view does itself)."""
+
+    EDIT = "edit"
+    REGENERATE = "regenerate"
+    PREVIOUS = "previous"  # the version before
+    NEXT = "next"
+
+
 RENDER_INTERVAL_MS = 50  # at most 20 redraws a second while tokens stream in
 STATUS_NOTES = {
     "stopped": "Stopped — the text above is what had arrived.",
@@ -40,7 +50,7 @@ class ChatView(QTextBrowser):
     """Renders a thread. ``show_thread`` replaces it; ``update_streaming`` redraws the live reply, throttled."""
 
     copied = Signal(str)
-    action = Signal(str, int)  # "regenerate" | "edit" | "previous" | "next", message id
+    action = Signal(object, int)  # MessageAction, message id
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -138,8 +148,8 @@ class ChatView(QTextBrowser):
             self._copy(self.renderer.code_blocks[number])
         elif kind == "copymsg" and number < len(self._messages):
             self._copy(self.message_text(number))
-        elif kind in VIEW_ACTIONS:
-            self.action.emit(kind, number)
+        elif kind in {a.value for a in MessageAction}:
+            self.action.emit(MessageAction(kind), number)
 
     def _copy(self, text: str) -> None:
         QGuiApplication.clipboard().setText(text)

@@ -2,34 +2,56 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QLineEdit, QListView, QMenu, QPushButton, QVBoxLayout, QWidget
 
-from .store import Conversation, Store
+from .conversations import Conversations
+from .store import Conversation
 
 ConversationIdRole = Qt.UserRole + 1
 
 
-class ConversationListModel(QAbstractListModel):
-    """The store's live conversations as a list model (title; id in ``ConversationIdRole``)."""
+class ChatAction(Enum):
+    """What the sidebar asks the window to do to a chat (its menu, F2 and Delete)."""
 
-    def __init__(self, store: Store, parent=None) -> None:
+    RENAME = "Rename…"
+    PIN = "Pin to top"
+    EXPORT_MARKDOWN = "Export as Markdown…"
+    EXPORT_JSON = "Export as JSON…"
+    DELETE = "Delete"
+
+
+class ConversationListModel(QAbstractListModel):
+    """The live conversations as a list model (title; id in ``ConversationIdRole``); follows the chats'
+    ``list_changed`` by itself."""
+
+    def __init__(self, conversations: Conversations, parent=None) -> None:
         super().__init__(parent)
-        self.store = store
+        self.conversations = conversations
         self._rows: list[Conversation] = []
         self._filter: set[int] | None = None
+        self._query = ""
+        conversations.list_changed.connect(self._reload)
         self.refresh()
 
     def refresh(self) -> None:
         self.beginResetModel()
-        rows = self.store.conversations()
+        rows = self.conversations.all()
         self._rows = [c for c in rows if self._filter is None or c.id in self._filter]
         self.endResetModel()
 
+    def _reload(self) -> None:
+        if self._query:  # a new message may match the search, or no longer hide a chat
+            self._filter = self.conversations.search(self._query)
+        self.refresh()
+
     def set_search(self, query: str) -> None:
         """Show only conversations with a message or title containing ``query`` (empty: all)."""
-        query = query.strip()
-        self._filter = {c.id for c, _ in self.store.search(query, limit=500)} if query else None
+        self._query = query.strip()
+        self._filter = self.conversations.search(self._query) if self._query else None
         self.refresh()
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008 - Qt's signature
@@ -41,8 +63,8 @@ class ConversationListModel(QAbstractListModel):
         conv = self._rows[index.row()]
         if role == Qt.DisplayRole:
             return ("📌 " if conv.pinned else "") + conv.title
-        if role == Qt.ToolTipRole:
-            return conv.title
+        if role in (Qt.ToolTipRole, Qt.AccessibleTextRole):
+            return conv.title + (" (pinned)" if conv.pinned else "")
         if role == ConversationIdRole:
             return conv.id
         return None
@@ -52,23 +74,30 @@ class ConversationListModel(QAbstractListModel):
 
 
 class ConversationSidebar(QWidget):
-    """New chat, search, and the list. Emits the chosen conversation's id."""
+    """New chat, search, and the list. Emits the chosen conversation's id; keeps the chat on screen selected
+    whatever the list does."""
 
     selected = Signal(int)
     new_requested = Signal()
-    action_requested = Signal(str, int)  # "rename" | "pin" | "delete" | "export-md" | "export-json", id
+    action_requested = Signal(object, int)  # ChatAction, conversation id
 
-    def __init__(self, store: Store, parent=None) -> None:
+    def __init__(self, conversations: Conversations, parent=None) -> None:
         super().__init__(parent)
-        self.model = ConversationListModel(store, self)
+        self.model = ConversationListModel(conversations, self)
+        self.current: int | None = None
         self.new_button = QPushButton("+  New chat")
         self.new_button.setToolTip("New chat (Ctrl+N)")
         self.search = QLineEdit(placeholderText="Search all chats (Ctrl+F)")
+        self.search.setAccessibleName("Search all chats")
         self.search.setClearButtonEnabled(True)
         self.view = QListView()
+        self.view.setAccessibleName("Chats")
         self.view.setModel(self.model)
         self.view.setUniformItemSizes(True)
         self.view.setSpacing(2)
+        self.view.setTextElideMode(Qt.ElideRight)  # long titles end in "…" rather than widen the list
+        self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.view.setToolTip("F2 renames, Delete deletes, the menu key shows everything")
         self.view.setContextMenuPolicy(Qt.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._menu)
         layout = QVBoxLayout(self)
@@ -77,22 +106,41 @@ class ConversationSidebar(QWidget):
             layout.addWidget(widget)
         self.new_button.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.model.set_search)
-        self.view.clicked.connect(lambda index: self.selected.emit(index.data(ConversationIdRole)))
+        self.view.clicked.connect(self._chosen)
+        self.view.activated.connect(self._chosen)
+        self.model.modelReset.connect(self._keep_selection)
+        for keys, action in (("F2", ChatAction.RENAME), ("Delete", ChatAction.DELETE)):
+            shortcut = QShortcut(QKeySequence(keys), self.view, context=Qt.WidgetShortcut)
+            shortcut.activated.connect(lambda action=action: self._on_current(action))
+
+    def select(self, conversation_id: int) -> None:
+        self.current = conversation_id
+        self._keep_selection()
+
+    def _keep_selection(self) -> None:
+        row = self.model.row_of(self.current) if self.current is not None else -1
+        if row >= 0:
+            self.view.setCurrentIndex(self.model.index(row))
+
+    def _chosen(self, index: QModelIndex) -> None:
+        self.selected.emit(index.data(ConversationIdRole))
+
+    def _on_current(self, action: ChatAction) -> None:
+        index = self.view.currentIndex()
+        if index.isValid():
+            self.action_requested.emit(action, index.data(ConversationIdRole))
 
     def _menu(self, point) -> None:
         index = self.view.indexAt(point)
+        if not index.isValid():  # the menu key: the selected chat, the menu beside it
+            index = self.view.currentIndex()
+            point = self.view.visualRect(index).center()
         if not index.isValid():
             return
         conv_id = index.data(ConversationIdRole)
-        pinned = self.model.store.conversation(conv_id).pinned
+        pinned = self.model.conversations.get(conv_id).pinned
         menu = QMenu(self)
-        for key, label in (("rename", "Rename…"), ("pin", "Unpin" if pinned else "Pin to top"),
-                           ("export-md", "Export as Markdown…"), ("export-json", "Export as JSON…"),
-                           ("delete", "Delete")):
-            menu.addAction(label, lambda key=key: self.action_requested.emit(key, conv_id))
+        for action in ChatAction:
+            label = "Unpin" if action is ChatAction.PIN and pinned else action.value
+            menu.addAction(label, lambda action=action: self.action_requested.emit(action, conv_id))
         menu.exec(self.view.viewport().mapToGlobal(point))
-
-    def select(self, conversation_id: int) -> None:
-        row = self.model.row_of(conversation_id)
-        if row >= 0:
-            self.view.setCurrentIndex(self.model.index(row))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -106,6 +106,10 @@ class ModelDialog(QDialog):
         layout.addWidget(self.table, 1)
         layout.addLayout(details)
         layout.addLayout(buttons)
+        self._fits: dict[tuple[str, str], object] = {}  # (spec, quantisation) -> FitEstimate or the error
+        self._wanted_fit: tuple[str, str] | None = None
+        self._fit_ready = _FitReady(self)
+        self._fit_ready.done.connect(self._show_fit)
         self.table.selectionModel().selectionChanged.connect(lambda *_: self.update_fit())
         self.quant.currentTextChanged.connect(lambda _: self.update_fit())
         self.add_file.clicked.connect(self._ask_file)
@@ -120,17 +124,29 @@ class ModelDialog(QDialog):
         return self.model.entries[rows[0].row()] if rows else None
 
     def update_fit(self) -> None:
+        """Show whether the selected model fits: estimated on a worker thread (it reads file headers and probes
+        the device), remembered per model and quantisation while the dialog is open."""
         entry = self.selected()
         self.remove.setEnabled(entry is not None and not entry.builtin)
         if entry is None:
             return
-        try:
-            fit = estimate_fit(EngineConfig(model=entry.spec, quantization=self.quant.currentText()))
-        except Exception as exc:  # whatever the files hold, the user reads why, never nothing
-            self.fit.setText(f"Can't be loaded: {_in_words(exc)}")
+        key = (entry.spec, self.quant.currentText())
+        self._wanted_fit = key
+        if key in self._fits:
+            self._show_fit(key, self._fits[key])
             return
-        verdict = "Fits." if fit.fits else "Does not fit in the free memory."
-        self.fit.setText(f"{verdict} {fit.summary()}")
+        self.fit.setText("Estimating…")
+        QThreadPool.globalInstance().start(lambda: self._fit_ready.done.emit(key, _estimate(*key)))
+
+    def _show_fit(self, key: tuple[str, str], result) -> None:
+        self._fits[key] = result
+        if key != self._wanted_fit:
+            return  # the user has moved on; this answer waits in the cache
+        if isinstance(result, Exception):  # whatever the files hold, the user reads why, never nothing
+            self.fit.setText(f"Can't be loaded: {_in_words(result)}")
+            return
+        verdict = "Fits." if result.fits else "Does not fit in the free memory."
+        self.fit.setText(f"{verdict} {result.summary()}")
 
     def add(self, spec: str) -> LibraryEntry | None:
         try:
@@ -168,6 +184,19 @@ class ModelDialog(QDialog):
         if entry is not None:
             self.load_requested.emit(entry.spec, self.quant.currentText())
             self.accept()
+
+
+class _FitReady(QObject):
+    """Carries a finished estimate from the worker thread to the dialog (a queued signal)."""
+
+    done = Signal(object, object)  # (spec, quantisation), FitEstimate or the exception
+
+
+def _estimate(spec: str, quantization: str):
+    try:
+        return estimate_fit(EngineConfig(model=spec, quantization=quantization))
+    except Exception as exc:  # shown in words by the dialog
+        return exc
 
 
 def _in_words(exc: Exception) -> str:

@@ -14,8 +14,9 @@ log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "theme": "system",  # "system" | "light" | "dark"
-    "model": "default",
+    "model": "default",  # the model, quantisation and device that served last: the next start opens on them
     "quantization": "auto",
+    "device": "auto",
     "preset": "Helpful assistant",
     "sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
                  "max_tokens": 512, "seed": None},

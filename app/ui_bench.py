@@ -21,7 +21,7 @@ async def generate_round(window, panel_visible: bool) -> float:
     """Decode tokens/s of ``CHATS`` chats generating together."""
     from .chat_controller import DEFAULT_SAMPLING
 
-    window.panel_button.setChecked(panel_visible)
+    window.model_bar.panel_button.setChecked(panel_visible)
     tasks = []
     for i in range(CHATS):
         window.new_conversation()

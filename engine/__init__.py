@@ -13,7 +13,7 @@ from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, 
 from .models.fit import FitEstimate
 from .models.fit import estimate as estimate_fit
 from .models.library import LibraryEntry, ModelLibrary, data_dir
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
 from .serving.engine import Engine
 from .serving.metrics import EngineStats, RequestMetrics, RequestSnapshot

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..config import EngineConfig
 from ..errors import EngineDeadError
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .engine import Engine, Prompt, describe_failure
 from .metrics import EngineStats
 from .outputs import RequestOutput
@@ -78,7 +78,7 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """The engine in a background thread; see DESIGN.md. Construction loads the model and may raise.
+    """The engine in a background thread; see docs/architecture.md. Construction loads the model and may raise.
 
     ``on_failure(reason)`` is called once, from the engine thread, if the thread dies.
     """

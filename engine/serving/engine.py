@@ -16,7 +16,7 @@ from ..errors import EngineError, ModelLoadError
 from ..models.fit import FitEstimate, estimate
 from ..models.loader import LoadedModel, Progress, load_model
 from ..models.memory import return_freed_memory
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from ..step import attention
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.runner import ModelRunner
@@ -35,7 +35,7 @@ SWITCHED_MESSAGE = "the model was switched while this reply was being written"
 
 
 class Engine:
-    """Serves many requests at once from one model; see DESIGN.md for the public API."""
+    """Serves many requests at once from one model; see docs/architecture.md for the public API."""
 
     def __init__(self, config: EngineConfig | None = None, progress: Progress | None = None) -> None:
         self.counters = EngineCounters()
@@ -258,6 +258,7 @@ class Engine:
             decode_tokens_per_s=metrics.decode_tokens_per_s,
             blocks=len(seq.block_table),
             exclusive_blocks=sum(1 for b in seq.block_table if blocks[b].ref_count == 1),
+            ttft_s=metrics.ttft_s,
         )
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:

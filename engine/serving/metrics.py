@@ -47,6 +47,7 @@ class RequestSnapshot:
     decode_tokens_per_s: float | None
     blocks: int  # blocks in its table
     exclusive_blocks: int  # of those, the ones no other request shares
+    ttft_s: float | None = None  # from arrival to its first token, once that has come
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..models.memory import PeakMemory
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from ..step.runner import ModelRunner
 from .kv_cache import KVCache, KVShape
 from .scheduler import Chunk

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..config import EngineConfig
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from ..serving.engine import Engine
 from . import peers
 

@@ -8,7 +8,7 @@ import sys
 
 from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 def engine_args(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from importlib import resources
 import torch
 
 from ..config import WEIGHT_MODES, EngineConfig
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from ..serving.engine import Engine
 from .bench import plain_attention
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from app.chat_view import MessageAction
 from app.export import ConversationImportError, from_json, to_json, to_markdown
 from tests.helpers.fake_engine import FakeBridge
 
@@ -21,7 +22,7 @@ def test_regenerate_adds_a_new_version_of_the_last_reply(window, qloop, store):
     last = store.thread(conv)[-1]
     assert [m.text for m in store.siblings(last.id)][0].startswith("Paris is the capital")
     assert "2/2" in window.chat.toPlainText()
-    window.show_version(last.id, -1)  # back to the first reply
+    window.actions.show_version(last.id, -1)  # back to the first reply
     assert reply_texts(store, conv)[-1].startswith("Paris is the capital")
     assert "1/2" in window.chat.toPlainText()
 
@@ -31,14 +32,14 @@ def test_edit_replaces_later_turns_and_keeps_the_old_branch(window, qloop, store
     qloop.run_until_complete(window.send("second question"))
     conv = window.current
     first_user = store.thread(conv)[0]
-    window._chat_action("edit", first_user.id)
+    window._message_action(MessageAction.EDIT, first_user.id)
     assert window.composer.edit.toPlainText() == "first question" and window.composer.button.text() == "Resend"
     window.composer.edit.setPlainText("first question, reworded")
     window.bridge.words = ["New", "answer."]
     qloop.run_until_complete(window.send(window.composer.edit.toPlainText()))
     assert reply_texts(store, conv) == ["first question, reworded", "New answer."]
     edited = store.thread(conv)[0]
-    window.show_version(edited.id, -1)
+    window.actions.show_version(edited.id, -1)
     assert [m.text for m in store.thread(conv)][::2] == ["first question", "second question"]
     assert window.bridge.requests[-1][-1]["content"] == "first question, reworded"
     sent = [m for m in window.bridge.requests[-1] if m["role"] != "system"]
@@ -47,23 +48,23 @@ def test_edit_replaces_later_turns_and_keeps_the_old_branch(window, qloop, store
 
 def test_escape_cancels_an_edit(qtbot, window, qloop, store):
     qloop.run_until_complete(window.send("something"))
-    window._chat_action("edit", store.thread(window.current)[0].id)
+    window._message_action(MessageAction.EDIT, store.thread(window.current)[0].id)
     window.stop()
     assert window.composer.editing_id is None and window.composer.button.text() == "Send"
 
 
 def test_rename_pin_delete_and_undo(window, store):
     first = window.current
-    window.rename_conversation(first, "Renamed")
-    window.new_conversation()
+    window.actions.rename(first, "Renamed")
+    window.actions.new()
     second = window.current
-    window.toggle_pin(first)
+    window.actions.toggle_pin(first)
     model = window.sidebar.model
     assert model.index(0).data() == "📌 Renamed"
-    window.delete_conversation(second)
+    window.actions.delete(second)
     assert [c.id for c in store.conversations()] == [first]
     assert window.undo_button.isVisible()
-    window.undo_delete()
+    window.actions.undo_delete()
     assert {c.id for c in store.conversations()} == {first, second} and window.current == second
 
 
@@ -74,7 +75,7 @@ def test_export_markdown_and_json_then_import(window, qloop, store, tmp_path):
     markdown = to_markdown(store, conv)
     assert markdown.startswith("# Hello there") and "> **System:** Be brief." in markdown
     assert "## You\n\nHello there" in markdown and "Paris is the capital" in markdown
-    window.export_conversation(conv, tmp_path / "chat.json")
+    window.actions.export(conv, tmp_path / "chat.json")
     data = json.loads((tmp_path / "chat.json").read_text())
     assert data["format"] == "kvasir-conversation" and len(data["messages"]) == 2
     imported = window.import_conversation(tmp_path / "chat.json")
@@ -107,7 +108,7 @@ def test_two_conversations_stream_at_once(window, qloop, store):
 
     first = window.current
     a = window.send("first chat")
-    window.new_conversation()
+    window.actions.new()
     b = window.send("second chat")
     assert window.controller.is_generating(first) and window.controller.is_generating(window.current)
     qloop.run_until_complete(asyncio.gather(a, b))

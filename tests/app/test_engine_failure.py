@@ -23,7 +23,7 @@ def test_a_dying_engine_ends_the_reply_with_its_reason_and_shows_the_bar(qtbot, 
     assert "Failed: CUDA error: an illegal memory access" in window.chat.toPlainText()
     assert window.banner.isVisible() and "engine stopped" in window.banner.title.text()
     assert "illegal memory access" in window.banner.reason.text()
-    assert window.device_label.text() == "engine stopped"
+    assert window.model_bar.device_label.text() == "engine stopped"
     assert window.composer.button.text() == "Send"
 
 
@@ -50,7 +50,7 @@ def test_a_failed_first_load_shows_the_reason_and_a_way_to_pick_another_model(qt
     window.bridge.fail_load("config.json: no 'model_type' in it")
     assert window.banner.isVisible() and "could not be loaded" in window.banner.title.text()
     assert "no 'model_type'" in window.banner.reason.text()
-    assert window.device_label.text() == "no model loaded"
+    assert window.model_bar.device_label.text() == "no model loaded"
     qtbot.mouseClick(window.banner.choose, Qt.LeftButton)
     dialog = window.findChild(ModelDialog)
     assert dialog is not None and dialog.isVisible()

@@ -4,7 +4,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
 
-from app.chat_view import ChatView
+from app.chat_view import ChatView, MessageAction
 from app.store import Message
 
 HOSTILE = {
@@ -109,7 +109,8 @@ def test_the_views_own_links_still_work_when_clicked(qtbot, view, opened):
     click(qtbot, view, links["edit/1"])
     click(qtbot, view, links["copy/0"])
     click(qtbot, view, links["regenerate/2"])
-    assert actions == [("edit", 1), ("regenerate", 2)] and copied == ["print(1)\n"] and opened == []
+    assert actions == [(MessageAction.EDIT, 1), (MessageAction.REGENERATE, 2)]
+    assert copied == ["print(1)\n"] and opened == []
 
 
 def test_each_view_has_its_own_prefix():

@@ -5,6 +5,7 @@ import asyncio
 from PySide6.QtCore import Qt
 
 from app.conversation_list import ConversationIdRole, ConversationListModel
+from app.conversations import Conversations
 from app.main_window import MainWindow
 from tests.helpers.fake_engine import FakeBridge, fake_stats
 
@@ -12,10 +13,13 @@ from tests.helpers.fake_engine import FakeBridge, fake_stats
 def test_conversation_list_model_passes_the_model_tester(qtmodeltester, store):
     for title in ("a", "b", "c"):
         store.create_conversation(title)
-    model = ConversationListModel(store)
+    conversations = Conversations(store)
+    model = ConversationListModel(conversations)
     qtmodeltester.check(model)
     assert [model.index(i).data() for i in range(3)] == ["c", "b", "a"]
     assert model.index(0).data(ConversationIdRole) == store.conversations()[0].id
+    conversations.set_pinned(store.conversations()[2].id, True)  # no refresh by hand: the model follows
+    assert [model.index(i).data() for i in range(3)] == ["📌 a", "c", "b"]
 
 
 def test_composer_enter_sends_and_shift_enter_adds_a_line(qtbot, window):
@@ -68,7 +72,7 @@ def test_message_is_kept_in_the_box_while_the_model_loads(qtbot, window):
 
 def test_a_new_window_on_the_same_database_shows_the_same_conversations(qtbot, window, qloop, store):
     qloop.run_until_complete(window.send("Remember me"))
-    window.new_conversation()
+    window.actions.new()
     titles = [c.title for c in store.conversations()]
     again = MainWindow(store, FakeBridge())
     qtbot.addWidget(again)
@@ -109,7 +113,7 @@ def test_panel_colours_the_pool_by_conversation_and_lists_requests(window):
 
 def test_search_filters_the_sidebar(qtbot, window, qloop, store):
     qloop.run_until_complete(window.send("bananas are yellow"))
-    window.new_conversation()
+    window.actions.new()
     qloop.run_until_complete(window.send("the sky is blue"))
     window.sidebar.search.setText("banana")
     model = window.sidebar.model
@@ -133,3 +137,17 @@ def test_a_reply_cut_off_by_closing_the_app_is_stored_as_partial(window, qloop, 
     reopened.close()
     window.stop()
     qloop.run_until_complete(asyncio.sleep(0.05))
+
+
+def test_the_panel_shows_ttft_the_moment_the_first_token_arrives(window, qloop):
+    """While the reply is still being written (held mid-way), not when it ends."""
+    label = window.panel.labels["TTFT (last / median)"]
+    before = label.text()
+    window.bridge.gate = asyncio.Event()
+    reply = window.send("Hello")
+    qloop.run_until_complete(asyncio.sleep(0.05))
+    assert window.controller.is_generating(window.current)
+    assert label.text() == "50 / 50 ms" and label.text() != before
+    window.bridge.gate.set()
+    qloop.run_until_complete(reply)
+    assert label.text() == "50 / 50 ms"  # recorded once per reply

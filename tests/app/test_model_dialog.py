@@ -18,12 +18,13 @@ def test_add_shows_fit_and_remove(qtbot, tmp_path, monkeypatch, tiny_llama):
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
     dialog = ModelDialog(ModelLibrary(), "nf4")
     qtbot.addWidget(dialog)
-    assert "Fits." in dialog.fit.text() and "(nf4, float32)" in dialog.fit.text()
+    qtbot.waitUntil(lambda: "Fits." in dialog.fit.text())
+    assert "(nf4, float32)" in dialog.fit.text()
     assert not dialog.remove.isEnabled()  # the bundled model stays
     entry = dialog.add(str(tiny_llama))
     assert dialog.selected().spec == entry.spec and dialog.remove.isEnabled()
     dialog.quant.setCurrentText("none")
-    assert "(none, float32)" in dialog.fit.text()
+    qtbot.waitUntil(lambda: "(none, float32)" in dialog.fit.text())
     dialog.remove_selected()
     assert dialog.model.rowCount() == 1
 
@@ -54,7 +55,7 @@ def test_loading_from_the_manager_switches_the_bridge(qtbot, window, qloop, tmp_
         dialog.load.click()
     qloop.run_until_complete(__import__("asyncio").sleep(0.01))
     assert switched[-1].model == str(tiny_llama.resolve()) and switched[-1].quantization == "int8"
-    assert window.model_box.currentText() == "llama" and window.quant_box.currentText() == "int8"
+    assert window.model_bar.model_box.currentText() == "llama" and window.model_bar.quant_box.currentText() == "int8"
 
 
 def test_any_failure_while_adding_is_shown_in_words(qtbot, tmp_path, monkeypatch):
@@ -70,3 +71,42 @@ def test_any_failure_while_adding_is_shown_in_words(qtbot, tmp_path, monkeypatch
     monkeypatch.setattr(library, "add", lambda spec: (_ for _ in ()).throw(ZeroDivisionError("division by zero")))
     assert dialog.add("whatever.gguf") is None
     assert shown == [("Can't add this model", "ZeroDivisionError: division by zero")]
+
+
+def test_the_fit_is_estimated_off_the_gui_thread_once_per_choice(qtbot, tmp_path, monkeypatch, tiny_llama):
+    import threading
+
+    import app.model_dialog as model_dialog
+
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
+    threads = []
+    real = model_dialog.estimate_fit
+
+    def recording(config):
+        threads.append((threading.current_thread() is threading.main_thread(), config.quantization))
+        return real(config)
+
+    monkeypatch.setattr(model_dialog, "estimate_fit", recording)
+    library = ModelLibrary()
+    library.add(str(tiny_llama))
+    dialog = ModelDialog(library, "none")
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: "Fits." in dialog.fit.text())
+    for _ in range(3):  # back and forth: answered from what was estimated before
+        dialog.table.selectRow(1)
+        qtbot.waitUntil(lambda: "Fits." in dialog.fit.text())
+        dialog.table.selectRow(0)
+    qtbot.waitUntil(lambda: "Fits." in dialog.fit.text())
+    assert threads == [(False, "none"), (False, "none")]
+
+
+def test_a_model_that_cannot_be_estimated_says_why(qtbot, tmp_path, monkeypatch):
+    import app.model_dialog as model_dialog
+    from engine import ModelLoadError
+
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(model_dialog, "estimate_fit", lambda config: (_ for _ in ()).throw(
+        ModelLoadError("the file is truncated")))
+    dialog = ModelDialog(ModelLibrary(), "none")
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: dialog.fit.text() == "Can't be loaded: the file is truncated")

@@ -67,7 +67,7 @@ def test_full_context_drop_oldest_turns_keeps_the_system_prompt(window, qloop, s
     conv = window.current
     limit = window.controller.context_needed(conv, "four", window.bridge.count_tokens) - 10
     window.bridge._stats = fake_stats(max_model_len=limit)
-    monkeypatch.setattr(window, "ask_overflow", lambda needed, lim: "drop")
+    monkeypatch.setattr(window, "ask_overflow", lambda overflow: "drop")
     qloop.run_until_complete(window.send("four"))
     sent = window.bridge.requests[-1]
     assert sent[0]["role"] == "system" and sent[1]["content"] != "one"
@@ -81,7 +81,7 @@ def test_full_context_start_a_new_chat(window, qloop, store, monkeypatch):
     old = window.current
     window.bridge._stats = fake_stats(max_model_len=window.controller.context_needed(
         old, "next", window.bridge.count_tokens) - 1)
-    monkeypatch.setattr(window, "ask_overflow", lambda needed, lim: "new")
+    monkeypatch.setattr(window, "ask_overflow", lambda overflow: "new")
     qloop.run_until_complete(window.send("next"))
     assert window.current != old
     assert [m.text for m in store.thread(window.current)][0] == "next"
@@ -90,7 +90,7 @@ def test_full_context_start_a_new_chat(window, qloop, store, monkeypatch):
 
 def test_cancelled_overflow_keeps_the_text(qtbot, window, monkeypatch):
     window.bridge._stats = fake_stats(max_model_len=10)
-    monkeypatch.setattr(window, "ask_overflow", lambda needed, lim: None)
+    monkeypatch.setattr(window, "ask_overflow", lambda overflow: None)
     window.composer.edit.setPlainText("too long for ten tokens of context")
     window.composer._submit()
     assert window.composer.edit.toPlainText() == "too long for ten tokens of context"

@@ -41,11 +41,10 @@ def test_the_engine_allocates_what_the_estimate_promised(tiny_llama, settings):
 def test_the_cpu_pool_takes_memory_as_its_blocks_are_used():
     import gc
 
-    from engine.models.memory import resident_bytes, return_freed_memory
+    from engine.models.memory import resident_bytes
     from engine.serving.kv_cache import KVCache, KVShape
 
-    gc.collect()  # what earlier tests left must not be handed back to the system while this one measures
-    return_freed_memory()
+    gc.collect()  # what earlier tests left is freed now, not while this one measures
     before = resident_bytes()
     cache = KVCache(KVShape(8, 4, 64, torch.float32), 2048, 16, CPU)  # 512 MiB of keys and values
     untouched = resident_bytes() - before

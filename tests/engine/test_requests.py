@@ -170,6 +170,7 @@ def test_stats_list_live_requests_with_their_blocks(tiny_llama):
     exclusive = sum(r.exclusive_blocks for r in snapshots.values())
     assert exclusive + stats.kv_blocks_shared == stats.kv_blocks_used
     assert all(r.blocks > r.exclusive_blocks for r in snapshots.values())  # both hold the shared prefix
+    assert all(r.ttft_s >= r.queue_time_s for r in snapshots.values())  # the first token came after scheduling
     engine.abort(a)
     engine.abort(b)
     engine.step()

@@ -3,7 +3,7 @@
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.step.sampler import Sampler, SamplingRow, _apply_repetition_penalty, _filtered_probs
 
 

@@ -1,6 +1,6 @@
 """The scheduler by itself: token budget, chunked prefill, FCFS admission, preemption by recompute."""
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.serving.block_manager import BlockManager
 from engine.serving.scheduler import Scheduler
 from engine.serving.sequence import Sequence, Status

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, Phase, event, find, given, settings, target
 from hypothesis import strategies as st
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.serving.block_manager import BlockManager
 from engine.serving.scheduler import Chunk, Scheduler, SchedulerOutput
 from engine.serving.sequence import Sequence, Status

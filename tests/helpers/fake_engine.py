@@ -25,7 +25,8 @@ def fake_stats(**overrides) -> EngineStats:
 
 
 class FakeBridge(QObject):
-    """Streams ``WORDS`` one per tick; ``gate`` (an asyncio.Event) can hold a stream mid-way.
+    """A :class:`app.bridge.ChatEngine` that streams ``WORDS`` one per tick; ``gate`` (an asyncio.Event) can
+    hold a stream mid-way.
 
     ``fail(reason)`` makes the engine die as the real one can; ``fail_load(reason)`` makes a load fail."""
 
@@ -39,23 +40,29 @@ class FakeBridge(QObject):
         super().__init__()
         self.words, self.finish_reason = list(words), finish_reason
         self.ready, self.loading, self.serving = True, False, True
+        self.config = None
         self.failure: str | None = None
         self.load_error: str | None = None
         self.requests: list[list[dict]] = []
         self.restarts = 0
         self.gate: asyncio.Event | None = None
+        self.streams = 0
+        self.token_counts = 0  # how many times count_tokens ran
         self._stats = fake_stats()
 
     def stats(self) -> EngineStats:
         return self._stats
 
     def count_tokens(self, messages) -> int:
+        self.token_counts += 1
         return sum(len(m["content"].split()) + 4 for m in messages)
 
     def start(self, config) -> None:
+        self.config = config
         self._serve()
 
     async def switch(self, config) -> None:
+        self.config = config
         self._serve()
 
     def restart(self) -> None:
@@ -77,16 +84,22 @@ class FakeBridge(QObject):
         self.load_error, self.ready, self.serving = reason, False, False
         self.load_failed.emit(reason)
 
+    def fail_load_keeping_the_model(self, reason: str) -> None:
+        """A switch failed; the previous model still serves."""
+        self.load_error = reason
+        self.load_failed.emit(reason)
+
     def _serve(self) -> None:
         self.failure = self.load_error = None
         self.ready = self.serving = True
         self.loaded.emit(self._stats)
 
-    def stream(self, messages, sampling):
+    def stream(self, messages, sampling) -> FakeStream:
         if self.failure is not None:
             raise EngineDeadError(self.failure)
         self.requests.append(messages)
-        return self._stream()
+        self.streams += 1
+        return FakeStream(f"fake-{self.streams}", self._stream())
 
     async def _stream(self):
         text = ""
@@ -99,6 +112,17 @@ class FakeBridge(QObject):
             text += ("" if i == 0 else " ") + word
             last = i == len(self.words) - 1
             yield _output(text, i + 1, self.finish_reason if last else None)
+
+
+class FakeStream:
+    """What ``stream`` returns: the request's id and its outputs."""
+
+    def __init__(self, request_id: str, outputs) -> None:
+        self.request_id = request_id
+        self._outputs = outputs
+
+    def __aiter__(self):
+        return self._outputs
 
 
 def _output(text: str, n: int, reason: str | None) -> RequestOutput:

@@ -37,7 +37,7 @@ def test_two_chats_stream_together_and_turn_two_is_cached(qtbot, real_window, ql
     first = window.current
     quick(store, first)
     task_a = window.send("Tell me about Paris.")
-    window.new_conversation()
+    window.actions.new()
     second = window.current
     quick(store, second)
     task_b = window.send("Tell me about Rome.")
@@ -48,7 +48,7 @@ def test_two_chats_stream_together_and_turn_two_is_cached(qtbot, real_window, ql
         assert reply.status == "complete" and reply.text.strip() and reply.stats["output_tokens"] > 0
     assert [m.role for m in store.thread(first)] == ["user", "assistant"]
 
-    window.open_conversation(first)
+    window.actions.open(first)
     follow_up = qloop.run_until_complete(window.send("And what about its museums?"))
     assert follow_up.status == "complete"
     assert follow_up.stats["cached_prompt_tokens"] >= 0.6 * follow_up.stats["prompt_tokens"]

@@ -86,7 +86,7 @@ class Sparkline(QWidget):
         painter.drawPath(path)
 
 
-class MetricsPanel(QWidget):
+class EnginePanel(QWidget):
     """Numbers, the block pool and three sparklines. ``update_stats`` is cheap: labels and two repaints."""
 
     def __init__(self, parent=None) -> None:
@@ -134,12 +134,12 @@ class MetricsPanel(QWidget):
         return box
 
     def record_ttft(self, seconds: float) -> None:
+        """A reply's first token has just arrived: show its TTFT now, not at the next stats tick."""
         self._ttfts.append(seconds)
+        self._set("TTFT (last / median)", f"{self._ttfts[-1] * 1000:.0f} / {median(self._ttfts) * 1000:.0f} ms")
 
     def update_stats(self, s: EngineStats, owners: dict[str, tuple[int, str]] | None = None) -> None:
         """``owners``: request id -> (conversation id, title), to colour and name each request."""
-        if self._ttfts:
-            self._set("TTFT (last / median)", f"{self._ttfts[-1] * 1000:.0f} / {median(self._ttfts) * 1000:.0f} ms")
         self._set("Decode", f"{s.decode_tokens_per_s:.1f} tok/s")
         self._set("Prefill", f"{s.prefill_tokens_per_s:.0f} tok/s")
         self._set("Requests", f"{s.num_running} running, {s.num_waiting} waiting")
@@ -169,7 +169,8 @@ class MetricsPanel(QWidget):
             rate = f"{request.decode_tokens_per_s:.1f} tok/s" if request.decode_tokens_per_s else "prefill"
             state = rate if request.running else "waiting"
             queue = f", queued {request.queue_time_s * 1000:.0f} ms" if request.queue_time_s else ""
-            rows.append(f'<span style="color:{color.name()};">■</span> {_escape(title)[:28]}: {state}{queue}')
+            ttft = f", TTFT {request.ttft_s * 1000:.0f} ms" if request.ttft_s is not None else ""
+            rows.append(f'<span style="color:{color.name()};">■</span> {_escape(title)[:28]}: {state}{ttft}{queue}')
         segments += [(s.kv_blocks_shared, COLORS["shared"], True), (s.kv_blocks_cached, COLORS["cached"], False),
                      (s.kv_blocks_free, COLORS["free"], False)]
         self.pool.set_segments(segments)
