@@ -6,7 +6,7 @@ from collections import deque
 from statistics import median
 
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from engine import EngineStats
@@ -21,39 +21,78 @@ def _mib(n: int) -> str:
 
 
 class BlockPoolView(QWidget):
-    """The KV pool as a grid: each conversation's own blocks in its colour, then shared blocks (marked with
-    a dot), cached reusable blocks, and free ones."""
+    """The KV pool at any size, from 64 blocks to 100,000.
+
+    A bar across the top is the whole pool to scale: blocks in use, cached, free. Below it, the blocks that
+    hold something are drawn as cells: each conversation's own blocks in its colour, then the shared ones
+    (a white dot) and the cached, reusable ones (hatched), so they read without colour too. When they are too
+    many for one cell each, a cell stands for several blocks (:attr:`blocks_per_cell`); free blocks are only
+    in the bar, so a few chats in a large pool still show.
+    """
+
+    BAR_HEIGHT = 8
+    CELL = 10  # pixels per cell side, gap included, when the cells fit
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setMinimumHeight(90)
-        self.segments: list[tuple[int, QColor, bool]] = []  # (blocks, colour, marked)
+        self.segments: list[tuple[int, QColor, str]] = []  # (blocks, colour, kind: "chat" | "shared" | "cached")
+        self.free = 0
+        self.blocks_per_cell = 1
 
-    def set_segments(self, segments: list[tuple[int, QColor, bool]]) -> None:
+    def set_segments(self, segments: list[tuple[int, QColor, str]], free: int) -> None:
         self.segments = [s for s in segments if s[0] > 0]
+        self.free = free
+        self._grid(sum(n for n, _, _ in self.segments))  # the scale, for the caption
         self.update()
 
+    def caption(self) -> str:
+        scale = "1 cell = 1 block" if self.blocks_per_cell == 1 else f"1 cell ≈ {self.blocks_per_cell:,} blocks"
+        return f"{scale} · {self.free:,} free (in the bar)"
+
+    def _grid(self, cells: int) -> tuple[int, int, float]:
+        """Columns, rows and cell side for ``cells`` cells in the space below the bar."""
+        width, height = self.width(), max(1, self.height() - self.BAR_HEIGHT - 4)
+        cols = max(1, width // self.CELL)
+        capacity = cols * max(1, height // self.CELL)
+        self.blocks_per_cell = max(1, -(-cells // capacity))
+        return cols, -(-cells // self.blocks_per_cell // cols), float(self.CELL)
+
     def paintEvent(self, event) -> None:
-        total = sum(n for n, _, _ in self.segments)
-        if not total:
-            return
         painter = QPainter(self)
-        cols = max(1, int((self.width() * total / max(self.height(), 1)) ** 0.5))
-        rows = -(-total // cols)
-        cell_w, cell_h = self.width() / cols, self.height() / rows
-        gap = 1.0 if min(cell_w, cell_h) > 3 else 0.0
+        self._paint_bar(painter)
+        used = sum(n for n, _, _ in self.segments)
+        if not used:
+            return
+        cols, _, side = self._grid(used)
+        top = self.BAR_HEIGHT + 4
         i = 0
-        for count, color, marked in self.segments:
-            for _ in range(count):
+        for count, color, kind in self.segments:
+            for _ in range(-(-count // self.blocks_per_cell)):
                 r, c = divmod(i, cols)
-                cell = QRectF(c * cell_w, r * cell_h, cell_w - gap, cell_h - gap)
+                cell = QRectF(c * side, top + r * side, side - 1, side - 1)
                 painter.fillRect(cell, color)
-                if marked and min(cell_w, cell_h) > 5:
+                if kind == "cached":
+                    painter.fillRect(cell, QBrush(QColor("white"), Qt.BDiagPattern))
+                elif kind == "shared":
                     painter.setBrush(QColor("white"))
                     painter.setPen(Qt.NoPen)
-                    radius = min(cell_w, cell_h) / 5
-                    painter.drawEllipse(cell.center(), radius, radius)
+                    painter.drawEllipse(cell.center(), side / 5, side / 5)
                 i += 1
+
+    def _paint_bar(self, painter: QPainter) -> None:
+        """The whole pool to scale; a segment that holds anything gets at least two pixels."""
+        in_use = sum(n for n, _, kind in self.segments if kind != "cached")
+        cached = sum(n for n, _, kind in self.segments if kind == "cached")
+        total = in_use + cached + self.free
+        if not total:
+            return
+        x = 0.0
+        for count, color in ((in_use, CONVERSATION_COLORS[0]), (cached, COLORS["cached"]), (self.free, COLORS["free"])):
+            if count:
+                width = max(2.0, self.width() * count / total)
+                painter.fillRect(QRectF(x, 0, width, self.BAR_HEIGHT), QColor(color))
+                x += width
 
 
 class Sparkline(QWidget):
@@ -101,9 +140,14 @@ class EnginePanel(QWidget):
         self.pool = BlockPoolView()
         cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate"])
         cache.layout().addRow(self.pool)
-        legend = QLabel('<span style="color:#3a7bd5;">■</span><span style="color:#e67e22;">■</span> per chat  '
-                        + "  ".join(f'<span style="color:{COLORS[k].name()};">■</span> {k}' for k in COLORS))
+        legend = QLabel("■ each chat's own blocks, in its colour · ◉ shared · ▨ cached, reusable · "
+                        "bar: the whole pool (in use, cached, free)")
+        legend.setWordWrap(True)
+        self.pool_caption = QLabel("")
+        self.pool_caption.setObjectName("poolCaption")
+        self.pool_caption.setWordWrap(True)
         cache.layout().addRow(legend)
+        cache.layout().addRow(self.pool_caption)
         self.requests_label = QLabel("")
         self.requests_label.setWordWrap(True)
         self.requests_label.setTextFormat(Qt.RichText)
@@ -165,15 +209,15 @@ class EnginePanel(QWidget):
         for request in s.requests:
             conversation, title = owners.get(request.request_id, (None, request.request_id))
             color = QColor(conversation_color(conversation))
-            segments.append((request.exclusive_blocks, color, False))
+            segments.append((request.exclusive_blocks, color, "chat"))
             rate = f"{request.decode_tokens_per_s:.1f} tok/s" if request.decode_tokens_per_s else "prefill"
             state = rate if request.running else "waiting"
             queue = f", queued {request.queue_time_s * 1000:.0f} ms" if request.queue_time_s else ""
             ttft = f", TTFT {request.ttft_s * 1000:.0f} ms" if request.ttft_s is not None else ""
             rows.append(f'<span style="color:{color.name()};">■</span> {_escape(title)[:28]}: {state}{ttft}{queue}')
-        segments += [(s.kv_blocks_shared, COLORS["shared"], True), (s.kv_blocks_cached, COLORS["cached"], False),
-                     (s.kv_blocks_free, COLORS["free"], False)]
-        self.pool.set_segments(segments)
+        segments += [(s.kv_blocks_shared, COLORS["shared"], "shared"), (s.kv_blocks_cached, COLORS["cached"], "cached")]
+        self.pool.set_segments(segments, s.kv_blocks_free)
+        self.pool_caption.setText(self.pool.caption())
         self.requests_label.setText("<br>".join(rows) if rows else "No request running.")
 
     def _set(self, name: str, text: str) -> None:

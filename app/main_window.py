@@ -232,14 +232,19 @@ class MainWindow(QMainWindow):
 
     def ask_overflow(self, overflow: Overflow) -> str | None:
         """'drop', 'new' or None (cancel)."""
+        box, choices = self.overflow_box(overflow)
+        box.exec()
+        return choices.get(box.clickedButton())
+
+    def overflow_box(self, overflow: Overflow) -> tuple[QMessageBox, dict]:
+        """The context-full question, and its buttons' answers."""
         box = QMessageBox(QMessageBox.Question, "The conversation is full",
                           f"This message and its reply need {overflow.needed:,} tokens, but the model reads at "
                           f"most {overflow.limit:,}. Nothing you wrote is deleted either way.", parent=self)
         drop = box.addButton("Stop sending the oldest turns", QMessageBox.AcceptRole)
         new = box.addButton("Start a new chat", QMessageBox.ActionRole)
         box.addButton(QMessageBox.Cancel)
-        box.exec()
-        return {drop: "drop", new: "new"}.get(box.clickedButton())
+        return box, {drop: "drop", new: "new"}
 
     def stop(self) -> None:
         if self.current is not None and self.controller.is_generating(self.current):

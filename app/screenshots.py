@@ -1,7 +1,8 @@
-"""``make screenshots``: the main window (light and dark, during generation) and the model manager, as PNGs.
+"""``make screenshots``: the app as a user sees it, on the real default model, as PNGs in ``docs/``.
 
-The example conversation with code and a table is typed in here; the two chats generating beside it run on
-the real default model, so the panel's numbers are live.
+Every reply in them was written by the model (greedy, so the pictures can be made again): nothing is typed
+into the database and credited to it. Shots: a chat while three others stream (light and dark), finished
+replies with their numbers, the context-full question, the engine panel close up, and the model manager.
 """
 
 from __future__ import annotations
@@ -12,62 +13,73 @@ from pathlib import Path
 
 from .offscreen import start_offscreen
 
-EXAMPLE_QUESTION = "How do I sort a list of dicts by a key in Python? A small table of options, please."
-EXAMPLE_REPLY = """Use `sorted` with a `key` function:
-
-```python
-from operator import itemgetter
-
-people = [{"name": "Ada", "age": 36}, {"name": "Alan", "age": 41}]
-by_age = sorted(people, key=itemgetter("age"))
-```
-
-| option | effect |
-|---|---|
-| `reverse=True` | largest first |
-| `key=itemgetter("age")` | a little faster than a lambda |
-| `list.sort(...)` | sorts in place |
-
-`sorted` is **stable**, so equal ages keep their order."""
+QUESTION = "How do I sort a list of dicts by a key in Python? Show a short code example."
+FOLLOW_UP = "And how do I sort from the largest to the smallest?"
+STREAMING = ("Write a long story about a lighthouse keeper and her cat.",
+             "Write a long, detailed explanation of how bread rises.",
+             "Write a long letter to a friend about a trip to Norway.")
 
 
-async def capture(window, out: Path) -> None:
-    from PySide6.QtWidgets import QApplication
-
+def greedy(window, conversation_id: int, max_tokens: int) -> None:
     from .chat_controller import DEFAULT_SAMPLING
 
-    store = window.store
+    chat = window.conversations.get(conversation_id)
+    window.conversations.configure(conversation_id, chat.preset, chat.system_prompt,
+                                   {**DEFAULT_SAMPLING, "temperature": 0.0, "max_tokens": max_tokens})
+
+
+async def settle() -> None:
+    """Let Qt lay out and paint: the loop runs Qt's events while this waits (a nested processEvents() here
+    would re-enter the running asyncio task)."""
+    await asyncio.sleep(0.2)
+
+
+async def capture(window, out: Path) -> list[Path]:
+    from .conversation_actions import Overflow
+
+    shots = []
+
+    async def save(widget, name: str) -> None:
+        await settle()
+        path = out / f"{name}.png"
+        widget.grab().save(str(path))
+        shots.append(path)
+
     example = window.current
-    store.update_conversation(example, title="Sorting in Python")
-    question = store.add_message(example, "user", EXAMPLE_QUESTION)
-    store.add_message(example, "assistant", EXAMPLE_REPLY, parent_id=question.id, model="SmolLM2-135M-Instruct")
+    greedy(window, example, 160)
+    await window.send(QUESTION)
+    await window.send(FOLLOW_UP)
+    await save(window, "finished-replies")
     tasks = []
-    prompts = ("Write a long story about a lighthouse keeper and her cat.",
-               "Write a long, detailed explanation of how bread rises.",
-               "Write a long letter to a friend about a trip to Norway.")
-    for prompt in prompts:  # one after the other, so later chats find the shared system prompt cached
-        window.new_conversation()
-        store.update_conversation(window.current, settings={**DEFAULT_SAMPLING, "max_tokens": 400, "seed": 7})
+    for prompt in STREAMING:  # one after the other, so later chats find the shared system prompt cached
+        chat = window.actions.new()
+        greedy(window, chat.id, 400)
         tasks.append(window.send(prompt))
         await asyncio.sleep(1.5)
-    window.open_conversation(example)
-    for _ in range(40):  # a few seconds of history for the plots, while the chats are still generating
-        if window.bridge.stats().num_running < 2:
-            break
-        await asyncio.sleep(0.1)
+    await asyncio.sleep(2.0)  # the last one streams on screen; a few seconds of history for the plots
     for theme in ("light", "dark"):
         window.apply_theme(theme)
         window._stats(window.bridge.stats())
-        QApplication.processEvents()
-        window.grab().save(str(out / f"main-{theme}.png"))
+        await save(window, f"main-{theme}")
     window.apply_theme("light")
-    dialog = window.open_model_manager()
-    QApplication.processEvents()
-    dialog.grab().save(str(out / "model-manager.png"))
-    dialog.close()
+    window._stats(window.bridge.stats())
+    await save(window.panel, "engine-panel")
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    window.actions.open(example)
+    box, _ = window.overflow_box(Overflow(needed=2412, limit=2048))
+    box.show()
+    await save(box, "context-full")
+    box.close()
+    dialog = window.open_model_manager()
+    for _ in range(100):  # the fit estimate arrives from a worker thread
+        if dialog.fit.text() != "Estimating…":
+            break
+        await asyncio.sleep(0.05)
+    await save(dialog, "model-manager")
+    dialog.close()
+    return shots
 
 
 def main() -> int:
@@ -76,12 +88,12 @@ def main() -> int:
     session = start_offscreen("kvasir-screens-")
     session.window.resize(1360, 860)
 
-    async def run() -> None:
-        await session.load(model="default", num_kv_blocks=512)
-        await capture(session.window, out)
+    async def run() -> list[Path]:
+        await session.load(model="default")
+        return await capture(session.window, out)
 
-    session.run(run())
-    print(f"screenshots written to {out}/")
+    shots = session.run(run())
+    print("screenshots written: " + ", ".join(str(p) for p in shots))
     return 0
 
 

@@ -24,8 +24,8 @@ async def generate_round(window, panel_visible: bool) -> float:
     window.model_bar.panel_button.setChecked(panel_visible)
     tasks = []
     for i in range(CHATS):
-        window.new_conversation()
-        window.store.update_conversation(window.current, settings={
+        chat = window.actions.new()
+        window.conversations.configure(chat.id, chat.preset, chat.system_prompt, {
             **DEFAULT_SAMPLING, "temperature": 0.0, "max_tokens": TOKENS, "seed": i})
         tasks.append(window.send(f"Write a long story about the number {i}."))
     started = time.perf_counter()

@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 from PySide6.QtCore import Qt
 
 from app.conversation_list import ConversationIdRole, ConversationListModel
@@ -92,7 +93,8 @@ def test_panel_shows_the_engine_stats(window):
     assert labels["Prefix hit rate"].text() == "42% of prompt tokens"
     assert labels["Requests"].text() == "2 running, 1 waiting"
     assert labels["Attention"].text() == "torch" and labels["Attention"].toolTip() == "flash-attn runs on CUDA only"
-    assert [(n, marked) for n, _, marked in window.panel.pool.segments] == [(4, True), (6, False), (48, False)]
+    assert [(n, kind) for n, _, kind in window.panel.pool.segments] == [(4, "shared"), (6, "cached")]
+    assert window.panel.pool.free == 48 and window.panel.pool_caption.text().startswith("1 cell = 1 block")
 
 
 def test_panel_colours_the_pool_by_conversation_and_lists_requests(window):
@@ -106,7 +108,7 @@ def test_panel_colours_the_pool_by_conversation_and_lists_requests(window):
     window.panel.update_stats(stats, {"r1": (window.current, "Trip planning")})
     segments = window.panel.pool.segments
     assert segments[0][0] == 3 and segments[0][1].name() != segments[1][1].name()
-    assert sum(n for n, _, _ in segments) == stats.kv_blocks_total
+    assert sum(n for n, _, _ in segments) + window.panel.pool.free == stats.kv_blocks_total
     text = window.panel.requests_label.text()
     assert "Trip planning: 21.5 tok/s, queued 2 ms" in text and "r2: waiting" in text
 
@@ -151,3 +153,40 @@ def test_the_panel_shows_ttft_the_moment_the_first_token_arrives(window, qloop):
     window.bridge.gate.set()
     qloop.run_until_complete(reply)
     assert label.text() == "50 / 50 ms"  # recorded once per reply
+
+
+def _pixels_of(image, color) -> int:
+    target = color.rgb()
+    return sum(1 for y in range(image.height()) for x in range(image.width()) if image.pixel(x, y) == target)
+
+
+@pytest.mark.parametrize("pool", [64, 2_912, 100_000])
+def test_the_block_pool_shows_each_chats_blocks_at_any_pool_size(qtbot, pool):
+    """30 blocks of one chat, 6 shared and 20 cached stay visible in a pool of 64 to 100,000 blocks."""
+    from PySide6.QtGui import QColor
+
+    from app.engine_panel import COLORS, BlockPoolView
+
+    view = BlockPoolView()
+    qtbot.addWidget(view)
+    view.resize(270, 90)
+    chat = QColor("#3a7bd5")
+    view.set_segments([(30, chat, "chat"), (6, COLORS["shared"], "shared"), (20, COLORS["cached"], "cached")],
+                      free=pool - 56)
+    image = view.grab().toImage()
+    assert _pixels_of(image, chat) > 30 * 20  # a cell each, bar included
+    assert _pixels_of(image, COLORS["shared"]) > 6 * 20 and _pixels_of(image, COLORS["cached"]) > 20 * 10
+    assert view.blocks_per_cell == 1 and view.caption().startswith("1 cell = 1 block")
+
+
+def test_a_pool_fuller_than_its_cells_aggregates_blocks(qtbot):
+    from PySide6.QtGui import QColor
+
+    from app.engine_panel import BlockPoolView
+
+    view = BlockPoolView()
+    qtbot.addWidget(view)
+    view.resize(270, 90)
+    view.set_segments([(50_000, QColor("#3a7bd5"), "chat"), (100, QColor("#e67e22"), "chat")], free=10)
+    assert view.blocks_per_cell > 1 and "1 cell ≈" in view.caption()
+    assert _pixels_of(view.grab().toImage(), QColor("#e67e22")) > 20  # the small chat still has its cell
