@@ -104,29 +104,43 @@ class ChatController(QObject):
         settings = {**DEFAULT_SAMPLING, **self.conversations.get(conversation_id).settings}
         return SamplingParams(**{k: v for k, v in settings.items() if k in SamplingParams.__slots__})
 
-    def _start(self, conversation_id: int, parent_id: int) -> asyncio.Task:
-        task = asyncio.ensure_future(self._generate(conversation_id, parent_id))
+    def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> asyncio.Task:
+        task = asyncio.ensure_future(self._generate(conversation_id, parent_id, continuing))
         self.tasks[conversation_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(conversation_id, None))
         return task
 
-    async def _generate(self, conversation_id: int, parent_id: int) -> Message:
-        messages = self.messages_for_model(conversation_id)
+    def continue_reply(self, conversation_id: int, message_id: int) -> asyncio.Task | None:
+        """Write on from where a reply stopped (at max_tokens): the model continues its own text, and the
+        new words join the same message."""
+        reply = self.conversations.message(message_id)
+        thread = self.conversations.thread(conversation_id)
+        if self.is_generating(conversation_id) or not thread or thread[-1].id != message_id or \
+                reply.role != "assistant":
+            return None
+        return self._start(conversation_id, reply.parent_id, continuing=reply)
+
+    async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> Message:
+        messages = self.messages_for_model(conversation_id)  # a continued reply is its last message
         stats = self.bridge.stats()
-        reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
-                                               status="partial", model=stats.model_name if stats else None,
-                                               quantization=stats.quantization if stats else None)
+        if continuing is None:
+            reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
+                                                   status="partial", model=stats.model_name if stats else None,
+                                                   quantization=stats.quantization if stats else None)
+        else:
+            reply = continuing
+        before = reply.text
         live = self.streaming.setdefault(conversation_id, {})
-        live[reply.id] = ""
+        live[reply.id] = before
         self.reply_started.emit(conversation_id, reply.id)
-        text, last, status, error, saved = "", None, "stopped", None, time.monotonic()
+        text, last, status, error, saved = before, None, "stopped", None, time.monotonic()
         try:
             stream = self.bridge.stream(messages, self.sampling_for(conversation_id))
             self.request_owners[stream.request_id] = conversation_id
             async for out in stream:
                 if last is None and out.metrics.ttft_s is not None:
                     self.first_token.emit(conversation_id, out.metrics.ttft_s)
-                text, last = out.text, out
+                text, last = before + out.text, out
                 live[reply.id] = text
                 self.reply_delta.emit(conversation_id, reply.id, text)
                 if time.monotonic() - saved > SAVE_INTERVAL_S:
@@ -140,20 +154,22 @@ class ChatController(QObject):
         finally:
             live.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
-            metrics = _metrics(last)
+            metrics = _metrics(last, continuing.stats if continuing else None)
             stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
                                                        stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
         return stored
 
 
-def _metrics(out) -> dict:
+def _metrics(out, earlier: dict | None = None) -> dict:
+    """A reply's numbers; for a continued reply, its tokens count both parts."""
     if out is None:
-        return {}
+        return dict(earlier or {})
     m = out.metrics
+    earlier_tokens = (earlier or {}).get("output_tokens", 0)
     return {"ttft_s": m.ttft_s, "queue_time_s": m.queue_time_s, "prompt_tokens": m.prompt_tokens,
-            "cached_prompt_tokens": m.cached_prompt_tokens, "output_tokens": m.output_tokens,
-            "decode_tokens_per_s": m.decode_tokens_per_s}
+            "cached_prompt_tokens": m.cached_prompt_tokens, "output_tokens": earlier_tokens + m.output_tokens,
+            "decode_tokens_per_s": m.decode_tokens_per_s, "finish_reason": out.finish_reason}
 
 
 def _title_from(text: str) -> str:

@@ -1,37 +1,58 @@
-"""The conversation on screen: messages rendered from Markdown, with each reply's numbers underneath."""
+"""The conversation on screen: one widget per message, so a streaming reply redraws only itself.
+
+Each message has a speaker header, its text (Markdown for replies: code blocks get a header with the language
+and a Copy button), its numbers under a finished reply, and action buttons (Copy, Edit, Regenerate,
+Continue, earlier and later versions) that show on hover and stay in the tab order for the keyboard. A long
+chat shows its latest messages first and loads earlier ones on request. The view follows a streaming reply
+down until the user scrolls up.
+"""
 
 from __future__ import annotations
 
 import html
 from enum import Enum
 
-from PySide6.QtCore import QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import QTextBrowser
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocumentFragment
+from PySide6.QtWidgets import (
+    QFrame,
+    QGraphicsOpacityEffect,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
-from .markdown import MarkdownRenderer, is_safe_link, new_action_prefix
+from .markdown import CodeSegment, MarkdownRenderer, is_safe_link
 from .store import Message
 
-
-class MessageAction(Enum):
-    """What a message's buttons ask for (besides Copy, which the view does itself)."""
-
-    EDIT = "edit"
-    REGENERATE = "regenerate"
-    PREVIOUS = "previous"  # the version before
-    NEXT = "next"
-
-
-RENDER_INTERVAL_MS = 50  # at most 20 redraws a second while tokens stream in
+RENDER_INTERVAL_MS = 50  # at most 20 redraws a second of the streaming reply
+PAGE = 60  # messages shown at first; "Show earlier messages" adds as many again
+READABLE_WIDTH = 860  # pixels: lines longer than this are hard to read
 STATUS_NOTES = {
     "stopped": "Stopped — the text above is what had arrived.",
     "partial": "Interrupted — the app closed while this reply was being written.",
     "error": "Failed",
 }
+LENGTH_NOTE = "Cut at the length limit (Max tokens per reply)."
+
+
+class MessageAction(Enum):
+    """What a message's buttons ask the window for (Copy the view does itself)."""
+
+    EDIT = "edit"
+    REGENERATE = "regenerate"
+    CONTINUE = "continue"  # a reply cut at max_tokens: write on from where it stopped
+    PREVIOUS = "previous"  # the version before
+    NEXT = "next"
 
 
 def stats_line(message: Message) -> str:
-    """'TTFT 120 ms · 48 tokens · 21.3 tok/s · 380 of 412 prompt tokens from cache'."""
+    """'TTFT 120 ms · 48 tokens · 21.3 tok/s · 380 of 412 prompt tokens from cache · queued 3 ms'."""
     s = message.stats
     if not s:
         return ""
@@ -43,28 +64,291 @@ def stats_line(message: Message) -> str:
         parts.append(f"{s['decode_tokens_per_s']:.1f} tok/s")
     if s.get("prompt_tokens"):
         parts.append(f"{s.get('cached_prompt_tokens', 0):,} of {s['prompt_tokens']:,} prompt tokens from cache")
+    if s.get("queue_time_s") is not None:
+        parts.append(f"queued {s['queue_time_s'] * 1000:.0f} ms")
     return " · ".join(parts)
 
 
-class ChatView(QTextBrowser):
-    """Renders a thread. ``show_thread`` replaces it; ``update_streaming`` redraws the live reply, throttled."""
+def was_cut(message: Message) -> bool:
+    """A finished reply that stopped at max_tokens rather than where the model ended it."""
+    return message.role == "assistant" and message.status == "complete" and \
+        message.stats.get("finish_reason") == "length"
+
+
+class _Text(QLabel):
+    """Rich text from Markdown: selectable; a link opens outside the app only when it is http(s) or mailto."""
+
+    def __init__(self, rich: bool, parent=None) -> None:
+        super().__init__(parent)
+        self.setWordWrap(True)
+        self.setTextFormat(Qt.RichText if rich else Qt.PlainText)
+        self.setTextInteractionFlags(Qt.TextBrowserInteraction if rich else Qt.TextSelectableByMouse |
+                                     Qt.TextSelectableByKeyboard)
+        self.setOpenExternalLinks(False)
+        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Minimum)
+        self.linkActivated.connect(open_link)
+
+
+def open_link(href: str) -> None:
+    if is_safe_link(href):
+        QDesktopServices.openUrl(QUrl(href))
+
+
+class CodeBlock(QFrame):
+    """A code block: a header with its language and a Copy button, then the highlighted code."""
+
+    def __init__(self, segment: CodeSegment, copy, dark: bool, parent=None) -> None:
+        super().__init__(parent)
+        self.setObjectName("codeBlock")
+        self.setStyleSheet(f"QFrame#codeBlock {{ background: {'#272822' if dark else '#f4f4f4'}; "
+                           "border-radius: 6px; }")
+        self.language = QLabel(segment.language or "code")
+        self.language.setStyleSheet("color: #888888;")
+        self.copy_button = QToolButton(text="Copy")
+        self.copy_button.setAccessibleName(f"Copy the {segment.language or 'code'} block")
+        self.copy_button.setAutoRaise(True)
+        self.code = QLabel()
+        self.code.setTextFormat(Qt.RichText)
+        self.code.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard)
+        header = QHBoxLayout()
+        header.setContentsMargins(8, 2, 4, 0)
+        header.addWidget(self.language)
+        header.addStretch(1)
+        header.addWidget(self.copy_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 6)
+        layout.setSpacing(0)
+        layout.addLayout(header)
+        layout.addWidget(self.code)
+        self._copy = copy
+        self.copy_button.clicked.connect(lambda: self._copy(self.source))
+        self.show_segment(segment)
+
+    def show_segment(self, segment: CodeSegment) -> None:
+        self.source = segment.code
+        self.language.setText(segment.language or "code")
+        self.code.setText(f'<pre style="margin: 0 8px; font-family: monospace;">{segment.highlighted}</pre>')
+
+
+class MessageWidget(QFrame):
+    """One message: header, body, numbers and actions. :meth:`show_text` redraws the body alone."""
+
+    def __init__(self, view: ChatView, message: Message) -> None:
+        super().__init__()
+        self.view, self.message = view, message
+        self.setObjectName("userMessage" if message.role == "user" else "reply")
+        self.setAccessibleName("Your message" if message.role == "user" else "Reply")
+        self.header = QLabel()
+        self.body = QVBoxLayout()
+        self.body.setSpacing(6)
+        self.footer = QLabel()
+        self.footer.setWordWrap(True)
+        self.footer.setStyleSheet("color: #888888; font-size: small;")
+        self.actions_row = QWidget()
+        self.buttons = QHBoxLayout(self.actions_row)
+        self.buttons.setContentsMargins(0, 0, 0, 0)
+        self.buttons.setSpacing(2)
+        self._opacity = QGraphicsOpacityEffect(self.actions_row)
+        self.actions_row.setGraphicsEffect(self._opacity)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 6)
+        layout.setSpacing(4)
+        layout.addWidget(self.header)
+        layout.addLayout(self.body)
+        layout.addWidget(self.footer)
+        layout.addWidget(self.actions_row)
+        self._segments: list[QWidget] = []
+        self.text = ""
+        self.key: tuple | None = None
+        self._hovered = False
+
+    # -- content --------------------------------------------------------------------------------------
+
+    def show_message(self, message: Message, text: str, live: bool, version: tuple[int, int] | None,
+                     last: bool) -> None:
+        """Everything about the message; does nothing when nothing that shows has changed."""
+        key = (message.text, message.status, message.error, tuple(sorted(message.stats.items())), live, version,
+               last, text if live else None, self.view.renderer.dark)
+        if key == self.key:
+            return
+        self.key, self.message = key, message
+        who = "You" if message.role == "user" else f"Kvasir · {message.model}" if message.model else "Kvasir"
+        color = "#4a7bd0" if message.role == "user" else "#3a9a6a"
+        self.header.setText(f'<b style="color:{color};">{html.escape(who)}</b>')
+        self.show_text(text)
+        self._show_footer(message, live)
+        self._show_buttons(message, live, version, last)
+
+    def set_skipped(self, skipped: bool) -> None:
+        """A message the model no longer reads (the user chose to make room) is drawn faded."""
+        effect = self.graphicsEffect()
+        if skipped and effect is None:
+            faded = QGraphicsOpacityEffect(self)
+            faded.setOpacity(0.55)
+            self.setGraphicsEffect(faded)
+        elif not skipped and effect is not None:
+            self.setGraphicsEffect(None)
+
+    def show_text(self, text: str) -> None:
+        """The body: plain text for the user's messages, Markdown for replies; widgets reused where they fit."""
+        self.text = text
+        if self.message.role == "user":
+            pieces: list = [text]
+        else:
+            pieces = self.view.renderer.segments(text) or [""]
+        for index, piece in enumerate(pieces):
+            widget = self._segments[index] if index < len(self._segments) else None
+            wanted = CodeBlock if isinstance(piece, CodeSegment) else _Text
+            if type(widget) is not wanted:
+                if widget is not None:
+                    self._drop_segments(index)
+                widget = (CodeBlock(piece, self.view.copy, self.view.renderer.dark) if wanted is CodeBlock
+                          else _Text(rich=self.message.role != "user"))
+                self._segments.append(widget)
+                self.body.addWidget(widget)
+            elif isinstance(piece, CodeSegment):
+                widget.show_segment(piece)
+            if wanted is _Text and widget.text() != piece:
+                widget.setText(piece)
+        self._drop_segments(len(pieces))
+
+    def _drop_segments(self, keep: int) -> None:
+        for widget in self._segments[keep:]:
+            self.body.removeWidget(widget)
+            widget.deleteLater()
+        del self._segments[keep:]
+
+    def _show_footer(self, message: Message, live: bool) -> None:
+        parts = []
+        if message.role == "assistant":
+            note = "Writing…" if live else STATUS_NOTES.get(message.status, "")
+            if message.status == "error" and message.error and not live:
+                note = f"Failed: {message.error}"
+            if was_cut(message) and not live:
+                note = LENGTH_NOTE
+            parts = [p for p in (stats_line(message) if not live else "", note) if p]
+        self.footer.setText(" · ".join(parts))
+        self.footer.setVisible(bool(parts))
+
+    def _show_buttons(self, message: Message, live: bool, version: tuple[int, int] | None, last: bool) -> None:
+        while self.buttons.count():
+            item = self.buttons.takeAt(0)
+            if item.widget():
+                item.widget().deleteLater()
+        self.add_button("Copy", "Copy this message", lambda: self.view.copy(self.text))
+        mine = message.role == "user"
+        if mine and not live:
+            self.add_button("Edit", "Edit this message and send it again",
+                            lambda: self.view.ask(MessageAction.EDIT, message.id))
+        if last and not mine and not live:
+            if was_cut(message):
+                self.add_button("Continue", "Write on from where the reply stopped",
+                                lambda: self.view.ask(MessageAction.CONTINUE, message.id))
+            self.add_button("Regenerate", "Write this reply again (Ctrl+R)",
+                            lambda: self.view.ask(MessageAction.REGENERATE, message.id))
+        if version is not None and version[1] > 1:
+            number, count = version
+            self.add_button("‹", "Earlier version", lambda: self.view.ask(MessageAction.PREVIOUS, message.id))
+            self.buttons.addWidget(QLabel(f"{number}/{count}"))
+            self.add_button("›", "Later version", lambda: self.view.ask(MessageAction.NEXT, message.id))
+        self.buttons.addStretch(1)
+        self._update_opacity()
+
+    def add_button(self, text: str, tip: str, clicked) -> QToolButton:
+        button = QToolButton(text=text)
+        button.setAutoRaise(True)
+        button.setToolTip(tip)
+        button.setAccessibleName(tip)
+        button.setFocusPolicy(Qt.StrongFocus)
+        button.clicked.connect(clicked)
+        button.installEventFilter(self)
+        self.buttons.addWidget(button)
+        return button
+
+    def button(self, text: str) -> QToolButton | None:
+        items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
+        return next((w for w in items if isinstance(w, QToolButton) and w.text() == text), None)
+
+    def plain_text(self) -> str:
+        pieces = [QTextDocumentFragment.fromHtml(self.header.text()).toPlainText()]
+        for widget in self._segments:
+            if isinstance(widget, CodeBlock):
+                pieces.append(widget.source)
+            else:
+                pieces.append(QTextDocumentFragment.fromHtml(widget.text()).toPlainText()
+                              if widget.textFormat() == Qt.RichText else widget.text())
+        pieces.append(self.footer.text())
+        items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
+        pieces.append(" ".join(w.text() for w in items if w is not None))
+        return "\n".join(p for p in pieces if p)
+
+    # -- actions on hover, and for the keyboard --------------------------------------------------------
+
+    def enterEvent(self, event) -> None:
+        self._hovered = True
+        self._update_opacity()
+        super().enterEvent(event)
+
+    def leaveEvent(self, event) -> None:
+        self._hovered = False
+        self._update_opacity()
+        super().leaveEvent(event)
+
+    def eventFilter(self, watched, event) -> bool:
+        if event.type() in (QEvent.FocusIn, QEvent.FocusOut):
+            QTimer.singleShot(0, self._update_opacity)
+        return False
+
+    def _update_opacity(self) -> None:
+        focused = any(b.hasFocus() for b in self.actions_row.findChildren(QToolButton))
+        last = self.view.last_widget() is self
+        self._opacity.setOpacity(1.0 if self._hovered or focused or last else 0.0)
+
+
+class ChatView(QScrollArea):
+    """The thread. ``show_thread`` shows it (reusing the widgets of unchanged messages); ``update_streaming``
+    redraws the live reply alone, throttled."""
 
     copied = Signal(str)
     action = Signal(object, int)  # MessageAction, message id
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
-        self.setOpenLinks(False)
-        self.anchorClicked.connect(self._link)
-        # The app's own links carry a secret prefix, so a link written by the model can never trigger them.
-        self.action_prefix = new_action_prefix()
-        self.renderer = MarkdownRenderer(action_prefix=self.action_prefix)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setAccessibleName("Conversation")
+        self.renderer = MarkdownRenderer()
+        self.page = QWidget()
+        self.page.setObjectName("transcript")
+        self.page.setStyleSheet("QFrame#userMessage { background: palette(alternate-base); border-radius: 10px; }")
+        self.column = QVBoxLayout(self.page)
+        self.column.setContentsMargins(8, 8, 8, 8)
+        self.column.setSpacing(6)
+        self.earlier = QPushButton("Show earlier messages")
+        self.earlier.clicked.connect(self._show_earlier)
+        self.column.addWidget(self.earlier, 0, Qt.AlignHCenter)
+        self.notice = QLabel("")
+        self.notice.setAlignment(Qt.AlignCenter)
+        self.notice.setWordWrap(True)
+        self.column.addWidget(self.notice)
+        self.column.addStretch(1)
+        self.setWidget(self.page)
         self._messages: list[Message] = []
         self._streaming: dict[int, str] = {}
         self._versions: dict[int, tuple[int, int]] = {}
         self._skipped = 0
+        self._shown = PAGE
+        self._widgets: dict[int, MessageWidget] = {}
+        self._order: list[int] = []
+        self._follow = True
+        self._dirty: set[int] = set()
         self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
-        self._timer.timeout.connect(self._render)
+        self._timer.timeout.connect(self._render_streaming)
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(self._scrolled)
+        bar.rangeChanged.connect(self._range_changed)
+
+    # -- what the window calls ------------------------------------------------------------------------
 
     def set_dark(self, dark: bool) -> None:
         self.renderer.dark = dark
@@ -74,14 +358,16 @@ class ChatView(QTextBrowser):
                     versions: dict[int, tuple[int, int]] | None = None, skipped: int = 0) -> None:
         """``versions``: message id -> (its number among its versions, how many there are); ``skipped``: how
         many of the first messages are no longer sent to the model."""
-        self._skipped = skipped
-        self._messages = list(messages)
+        if not messages or not self._messages or messages[0].conversation_id != self._messages[0].conversation_id:
+            self._shown, self._follow = PAGE, True  # another chat: its latest messages, followed
+        self._messages, self._skipped = list(messages), skipped
         self._versions = dict(versions or {})
         self._streaming = dict(streaming or {})
         self._render()
 
     def update_streaming(self, message_id: int, text: str) -> None:
         self._streaming[message_id] = text
+        self._dirty.add(message_id)
         if not self._timer.isActive():
             self._timer.start()
 
@@ -89,68 +375,95 @@ class ChatView(QTextBrowser):
         message = self._messages[index]
         return self._streaming.get(message.id, message.text)
 
-    def _render(self) -> None:
-        bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
-        self.renderer.begin_document()
-        parts = [self._message_html(i, m) for i, m in enumerate(self._messages)]
-        if 0 < self._skipped < len(parts):
-            parts.insert(self._skipped, '<p align="center" style="color:#b06000;">— the turns above are no longer '
-                                        'sent to the model, to make room —</p>')
-        if not parts:
-            parts.append('<p style="color:#888888; margin-top:40px;" align="center">Say something to start.</p>')
-        self.setHtml("".join(parts))
-        if at_bottom:
-            bar.setValue(bar.maximum())
+    def message_widget(self, message_id: int) -> MessageWidget | None:
+        return self._widgets.get(message_id)
 
-    def _message_html(self, index: int, message: Message) -> str:
-        who = "You" if message.role == "user" else "Kvasir"
-        text = self._streaming.get(message.id, message.text)
-        body = html.escape(text).replace("\n", "<br>") if message.role == "user" else self.renderer.render(text)
-        act = self.action_prefix
-        footer = [f'<a href="{act}copymsg/{index}">Copy</a>']
-        live = message.id in self._streaming
-        if message.role == "user" and not live:
-            footer.append(f'<a href="{act}edit/{message.id}">Edit</a>')
-        if index == len(self._messages) - 1 and message.role == "assistant" and not live:
-            footer.append(f'<a href="{act}regenerate/{message.id}">Regenerate</a>')
-        number, count = self._versions.get(message.id, (1, 1))
-        if count > 1:
-            footer.append(f'<a href="{act}previous/{message.id}">‹</a> {number}/{count} '
-                          f'<a href="{act}next/{message.id}">›</a>')
-        if message.role == "assistant":
-            note = "Writing…" if live and message.status == "partial" else STATUS_NOTES.get(message.status, "")
-            if message.status == "error" and message.error:
-                note = f"Failed: {html.escape(message.error)}"
-            details = stats_line(message)
-            footer = [x for x in (details, note, *footer) if x]
-        color = "#4a7bd0" if message.role == "user" else "#3a9a6a"
-        return (
-            f'<div style="margin: 10px 6px 2px 6px;"><b style="color:{color};">{who}</b></div>'
-            f'<div style="margin: 0 6px;">{body}</div>'
-            f'<div style="margin: 2px 6px 8px 6px; color:#888888; font-size:small;">{" · ".join(footer)}</div>'
-        )
+    def last_widget(self) -> MessageWidget | None:
+        return self._widgets.get(self._order[-1]) if self._order else None
 
-    def _link(self, url: QUrl) -> None:
-        """A click on a link: one of the view's own actions, or an http(s)/mailto link opened outside."""
-        target = url.toString()
-        if target.startswith(self.action_prefix):
-            self._action(target[len(self.action_prefix):])
-        elif is_safe_link(target):
-            QDesktopServices.openUrl(url)
+    def toPlainText(self) -> str:
+        """Everything on screen as text (the notice, each message with its numbers and buttons)."""
+        texts = [self.notice.text()] if self.notice.isVisible() else []
+        return "\n".join(texts + [self._widgets[i].plain_text() for i in self._order])
 
-    def _action(self, action: str) -> None:
-        kind, _, argument = action.partition("/")
-        if not argument.isdigit():
-            return
-        number = int(argument)
-        if kind == "copy" and number < len(self.renderer.code_blocks):
-            self._copy(self.renderer.code_blocks[number])
-        elif kind == "copymsg" and number < len(self._messages):
-            self._copy(self.message_text(number))
-        elif kind in {a.value for a in MessageAction}:
-            self.action.emit(MessageAction(kind), number)
-
-    def _copy(self, text: str) -> None:
+    def copy(self, text: str) -> None:
         QGuiApplication.clipboard().setText(text)
         self.copied.emit(text)
+
+    def ask(self, action: MessageAction, message_id: int) -> None:
+        self.action.emit(action, message_id)
+
+    # -- drawing -----------------------------------------------------------------------------------------
+
+    def _render(self) -> None:
+        visible = self._messages[-self._shown:] if self._shown < len(self._messages) else self._messages
+        self.earlier.setVisible(len(visible) < len(self._messages))
+        wanted = [m.id for m in visible]
+        for gone in set(self._widgets) - set(wanted):
+            widget = self._widgets.pop(gone)
+            self.column.removeWidget(widget)
+            widget.deleteLater()
+        first_index = len(self._messages) - len(visible)
+        for offset, message in enumerate(visible):
+            widget = self._widgets.get(message.id)
+            if widget is None:
+                widget = self._widgets[message.id] = MessageWidget(self, message)
+            position = self.column.indexOf(widget)
+            if position != offset + 2:  # after the "earlier" button and the notice
+                if position >= 0:
+                    self.column.removeWidget(widget)
+                self.column.insertWidget(offset + 2, widget)
+            live = message.id in self._streaming
+            widget.show_message(message, self._streaming.get(message.id, message.text), live,
+                                self._versions.get(message.id), offset == len(visible) - 1)
+            widget.set_skipped(first_index + offset < self._skipped)
+        self._order = wanted
+        for message_id in wanted[-2:]:  # the last message keeps its actions in view
+            self._widgets[message_id]._update_opacity()
+        self._show_notice()
+
+    def _show_notice(self) -> None:
+        if not self._messages:
+            self.notice.setText('<span style="color:#888888;">Say something to start.</span>')
+        elif 0 < self._skipped < len(self._messages):
+            self.notice.setText(f'<span style="color:#b06000;">The first {self._skipped} messages are no longer '
+                                "sent to the model, to make room.</span>")
+        else:
+            self.notice.setText("")
+        self.notice.setVisible(bool(self.notice.text()))
+
+    def _render_streaming(self) -> None:
+        for message_id in self._dirty:
+            widget = self._widgets.get(message_id)
+            if widget is not None and message_id in self._streaming:
+                widget.show_text(self._streaming[message_id])
+        self._dirty.clear()
+
+    def _show_earlier(self) -> None:
+        bar = self.verticalScrollBar()
+        from_bottom = bar.maximum() - bar.value()
+        self._shown += PAGE
+        self._follow = False
+        self._render()
+        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum() - from_bottom))  # keep the reading place
+
+    # -- following the stream -----------------------------------------------------------------------------
+
+    def _scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 8  # scrolled up: stop following; back at the bottom: follow
+
+    def _range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)
+
+    def resizeEvent(self, event) -> None:
+        """Lines no longer than :data:`READABLE_WIDTH`: wider windows get margins, not longer lines."""
+        side = max(8, (self.viewport().width() - READABLE_WIDTH) // 2)
+        self.column.setContentsMargins(side, 8, side, 8)
+        super().resizeEvent(event)
+
+    def event(self, event) -> bool:
+        if event.type() == QEvent.Show:
+            self._follow = True
+        return super().event(event)

@@ -30,6 +30,7 @@ class Conversations(QObject):
         super().__init__(parent)
         self.store = store
         self._threads: dict[int, list[Message]] = {}
+        self._versions: dict[int, dict[int, tuple[int, int]]] = {}  # cleared when messages are added
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -55,6 +56,11 @@ class Conversations(QObject):
 
     def version_positions(self, conversation_id: int) -> dict[int, tuple[int, int]]:
         """For each message on screen that has other versions: (its number, how many there are)."""
+        if conversation_id not in self._versions:
+            self._versions[conversation_id] = self._count_versions(conversation_id)
+        return dict(self._versions[conversation_id])
+
+    def _count_versions(self, conversation_id: int) -> dict[int, tuple[int, int]]:
         families: dict[tuple, list[int]] = {}  # versions share their parent and role; one query for all
         for message in self.store.all_messages(conversation_id):
             families.setdefault((message.parent_id, message.role), []).append(message.id)
@@ -102,6 +108,7 @@ class Conversations(QObject):
         """Hide a chat; :meth:`restore` brings it back."""
         self.store.delete_conversation(conversation_id)
         self._threads.pop(conversation_id, None)
+        self._versions.pop(conversation_id, None)
         self.list_changed.emit()
 
     def restore(self, conversation_id: int) -> None:
@@ -109,7 +116,9 @@ class Conversations(QObject):
         self.list_changed.emit()
 
     def added_elsewhere(self) -> None:
-        """Chats were written to the store directly (an import): tell the views."""
+        """Chats or messages were written to the store directly (an import): forget the cache, tell the views."""
+        self._threads.clear()
+        self._versions.clear()
         self.list_changed.emit()
 
     # -- messages -------------------------------------------------------------------------------------
@@ -124,13 +133,19 @@ class Conversations(QObject):
 
     def save_partial(self, message_id: int, text: str) -> None:
         """Keep a streaming reply's text so far (a crash loses at most a second of it); no signal."""
-        self.store.update_message(message_id, text=text)
-        self._threads.clear()
+        message = self.store.update_message(message_id, text=text)
+        cached = self._threads.get(message.conversation_id)
+        if cached is not None:
+            self._threads[message.conversation_id] = [message if m.id == message_id else m for m in cached]
 
     def finish_message(self, message_id: int, **fields) -> Message:
-        """Store a reply's final text, status and statistics."""
+        """Store a reply's final text, status and statistics (the cached thread is updated in place: nothing
+        else changed)."""
         message = self.store.update_message(message_id, **fields)
-        self._changed_thread(message.conversation_id)
+        cached = self._threads.get(message.conversation_id)
+        if cached is not None:
+            self._threads[message.conversation_id] = [message if m.id == message_id else m for m in cached]
+        self.thread_changed.emit(message.conversation_id)
         return message
 
     def show_branch(self, message_id: int) -> None:
@@ -145,4 +160,5 @@ class Conversations(QObject):
 
     def _changed_thread(self, conversation_id: int) -> None:
         self._threads.pop(conversation_id, None)
+        self._versions.pop(conversation_id, None)
         self.thread_changed.emit(conversation_id)

@@ -15,6 +15,7 @@ FORMAT_VERSION = 1
 
 ROLES = ("user", "assistant")
 STATUSES = ("complete", "partial", "stopped", "error")
+FINISH_REASONS = (None, "stop", "length", "abort", "error")  # why the engine ended a reply
 MESSAGE_KEYS = {  # key: (types allowed, required)
     "id": ((int,), True), "parent": ((int, type(None)), True), "role": ((str,), True), "text": ((str,), True),
     "created": ((int, float), True), "model": ((str, type(None)), False),
@@ -154,7 +155,10 @@ def _check_message(index: int, message) -> None:
     if not math.isfinite(message["created"]):
         raise ConversationImportError(f"{where}: 'created' is not a finite number")
     for key, value in (message.get("stats") or {}).items():
-        if value is not None and not _finite_number(value):
+        if key == "finish_reason":
+            if value not in FINISH_REASONS:
+                raise ConversationImportError(f"{where}: unknown finish reason {value!r}")
+        elif value is not None and not _finite_number(value):
             raise ConversationImportError(f"{where}: the statistic {key!r} is {value!r}, not a finite number")
 
 

@@ -257,11 +257,18 @@ class MainWindow(QMainWindow):
             return None
         return self.controller.regenerate(self.current)
 
+    def continue_reply(self, message_id: int) -> asyncio.Task | None:
+        if self.current is None or not self.bridge.ready:
+            return None
+        return self.controller.continue_reply(self.current, message_id)
+
     def _message_action(self, action: MessageAction, message_id: int) -> None:
         if action is MessageAction.EDIT:
             self.composer.start_editing(message_id, self.conversations.message(message_id).text)
         elif action is MessageAction.REGENERATE:
             self.regenerate()
+        elif action is MessageAction.CONTINUE:
+            self.continue_reply(message_id)
         else:
             self.actions.show_version(message_id, -1 if action is MessageAction.PREVIOUS else 1)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-import secrets
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from markdown_it import MarkdownIt
@@ -24,11 +24,6 @@ def is_safe_link(url: str) -> bool:
         return False
 
 
-def new_action_prefix() -> str:
-    """A URL prefix for the app's own links that text written by a model can't guess."""
-    return f"kvasir-{secrets.token_hex(16)}:"
-
-
 def _highlight(code: str, language: str, dark: bool) -> str:
     try:
         lexer = get_lexer_by_name(language) if language else TextLexer()
@@ -38,33 +33,59 @@ def _highlight(code: str, language: str, dark: bool) -> str:
     return highlight(code, lexer, formatter)
 
 
-class MarkdownRenderer:
-    """Renders chat text; ``code_blocks`` collects each block's source so the view can offer a copy button."""
+@dataclass(frozen=True, slots=True)
+class CodeSegment:
+    """A top-level code block: its language (may be empty), its source, and the source highlighted as HTML."""
 
-    def __init__(self, dark: bool = False, action_prefix: str | None = None) -> None:
+    language: str
+    code: str
+    highlighted: str
+
+
+class MarkdownRenderer:
+    """Renders chat text: :meth:`segments` splits it into HTML and code blocks (each shown with its own header
+    and Copy button); :meth:`render` gives one HTML page."""
+
+    def __init__(self, dark: bool = False) -> None:
         self.dark = dark
-        self.action_prefix = action_prefix or new_action_prefix()
         self._md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table").enable(
             "strikethrough")
         self._md.add_render_rule("fence", lambda renderer, tokens, idx, options, env: self._fence(tokens[idx]))
         self._md.add_render_rule("code_block", lambda renderer, tokens, idx, options, env: self._fence(tokens[idx]))
         for name, rule in (("link_open", self._link_open), ("link_close", self._link_close), ("image", self._image)):
             self._md.add_render_rule(name, lambda renderer, *args, rule=rule: rule(renderer, *args))
-        self.code_blocks: list[str] = []
         self._dropped_links: list[bool] = []  # per open link: was it dropped (so its close tag is dropped too)
-
-    def begin_document(self) -> None:
-        """Start a new page: copy links number code blocks from zero again."""
-        self.code_blocks = []
 
     def render(self, text: str) -> str:
         """HTML for ``text``; unfinished markdown (an open code fence while streaming) still renders."""
+        return self._tables(self._md.render(text))
+
+    def segments(self, text: str) -> list[str | CodeSegment]:
+        """``text`` as HTML pieces and the top-level code blocks between them, in order."""
+        env: dict = {}
+        tokens = self._md.parse(text, env)
+        pieces: list[str | CodeSegment] = []
+        run: list = []
+        for token in tokens:
+            if token.type in ("fence", "code_block") and token.level == 0:
+                if run:
+                    pieces.append(self._tables(self._md.renderer.render(run, self._md.options, env)))
+                    run = []
+                language = token.info.strip().split(" ")[0] if token.info else ""
+                pieces.append(CodeSegment(language, token.content, _highlight(token.content, language, self.dark)))
+            else:
+                run.append(token)
+        if run:
+            pieces.append(self._tables(self._md.renderer.render(run, self._md.options, env)))
+        return pieces
+
+    def _tables(self, page: str) -> str:
         border = "#555555" if self.dark else "#cccccc"
         table = f'<table border="1" cellspacing="0" cellpadding="5" style="border-color:{border}; margin: 4px 0;">'
-        return self._md.render(text).replace("<table>", table)
+        return page.replace("<table>", table)
 
     def _link_open(self, renderer, tokens, idx, options, env) -> str:
-        # Model text must not reach the app's own actions or other URL handlers: such links keep their text only.
+        # Model text must not reach other URL handlers (files, custom schemes): such links keep their text only.
         safe = is_safe_link(tokens[idx].attrGet("href") or "")
         self._dropped_links.append(not safe)
         return renderer.renderToken(tokens, idx, options, env) if safe else ""
@@ -79,15 +100,11 @@ class MarkdownRenderer:
         return f"[image: {html.escape(alt)}]" if alt else "[image]"
 
     def _fence(self, token) -> str:
+        """A code block inside a list or quote (top-level ones are :class:`CodeSegment`)."""
         language = token.info.strip().split(" ")[0] if token.info else ""
-        self.code_blocks.append(token.content)
-        index = len(self.code_blocks) - 1
         background = "#272822" if self.dark else "#f4f4f4"
-        label = html.escape(language or "code")
         body = _highlight(token.content, language, self.dark)
         return (
             f'<table width="100%" cellspacing="0" cellpadding="6" style="background:{background}; margin: 4px 0;">'
-            f'<tr><td><span style="color:#888888;">{label}</span>'
-            f'<span style="float:right;"> <a href="{self.action_prefix}copy/{index}">Copy</a></span></td></tr>'
             f'<tr><td><pre style="margin:0; font-family: monospace;">{body}</pre></td></tr></table>'
         )

@@ -1,7 +1,9 @@
 """``python -m app.ui_bench``: does the window slow the engine, and does the window stay responsive?
 
 Runs the real window offscreen on the default model: the same chats generate with the engine panel shown
-and hidden, alternately, and a 10 ms timer measures how late the GUI thread answers while they stream.
+and hidden, alternately, and a 10 ms timer measures how late the GUI thread answers while they stream. Then
+one reply streams into a chat of 1,000 earlier messages, and into a new chat, with the same timer: a long
+chat must stream as smoothly as a new one (only the streaming message is redrawn).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from .offscreen import start_offscreen
 
 CHATS, TOKENS, ROUNDS = 4, 96, 2
+LONG_CHAT = 1000  # earlier messages in the long-chat case
 
 
 async def generate_round(window, panel_visible: bool) -> float:
@@ -31,6 +34,31 @@ async def generate_round(window, panel_visible: bool) -> float:
     started = time.perf_counter()
     replies = await asyncio.gather(*tasks)
     return sum(r.stats["output_tokens"] for r in replies) / (time.perf_counter() - started)
+
+
+async def stream_into(window, earlier: int) -> None:
+    """One greedy reply of ``TOKENS`` tokens in a chat that already holds ``earlier`` messages."""
+    from .chat_controller import DEFAULT_SAMPLING
+
+    chat = window.actions.new()
+    window.conversations.configure(chat.id, chat.preset, "", {**DEFAULT_SAMPLING, "temperature": 0.0,
+                                                             "max_tokens": TOKENS})
+    parent = None
+    store = window.conversations.store
+    with store.transaction():
+        for i in range(earlier):
+            role = "user" if i % 2 == 0 else "assistant"
+            text = f"Question {i}?" if role == "user" else f"Answer {i}: **some** text, then `code`.\n\n- a\n- b"
+            parent = store.add_message(chat.id, role, text, parent_id=parent).id
+    window.conversations.set_skipped(chat.id, earlier)  # on screen, but not sent: the prompt stays short
+    window.actions.open(chat.id)
+    await window.send("Write a long story about a lighthouse.")
+
+
+def lateness_percentiles(samples: list[float]) -> dict:
+    late = sorted(samples) or [0.0]
+    return {"p50_ms": 1000 * late[len(late) // 2], "p99_ms": 1000 * late[int(len(late) * 0.99)],
+            "max_ms": 1000 * late[-1]}
 
 
 def main() -> int:
@@ -60,7 +88,20 @@ def main() -> int:
             hidden.append(await generate_round(window, False))
         ticker.stop()
         late = sorted(lateness)
+        streaming = {}
+        def first_token(*_) -> None:  # measure while the reply streams, not while the chat opens
+            lateness.clear()
+            last[0] = time.perf_counter()
+
+        window.controller.first_token.connect(first_token)
+        for name, earlier in (("new_chat", 0), ("chat_of_1000_messages", LONG_CHAT)):
+            last[0] = time.perf_counter()
+            ticker.start()
+            await stream_into(window, earlier)
+            ticker.stop()
+            streaming[name] = {"samples": len(lateness), **lateness_percentiles(lateness)}
         return {
+            "gui_lateness_streaming_one_reply": streaming,
             "chats": CHATS, "tokens": TOKENS, "rounds": ROUNDS,
             "panel_shown_tokens_per_s": statistics.median(shown),
             "panel_hidden_tokens_per_s": statistics.median(hidden),

@@ -285,7 +285,9 @@ class Engine:
                 raise ValueError(f"chat message {index} needs a 'role' and a 'content' that are strings")
             _valid_text(message["content"], f"chat message {index}")
         try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            continuing = messages[-1]["role"] == "assistant"  # a reply cut short is written on, not restarted
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=not continuing,
+                                                     continue_final_message=continuing, tokenize=True)
         except Exception as exc:  # the model's template refuses this conversation (roles out of order, say)
             raise ValueError(f"the model's chat template refused these messages: {exc}") from None
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

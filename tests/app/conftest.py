@@ -13,3 +13,21 @@ def window(qtbot, qloop, store, tmp_path, monkeypatch):
     qtbot.addWidget(w)
     w.show()
     return w
+
+
+@pytest.fixture(autouse=True)
+def no_unexpected_modal_dialogs(request, monkeypatch):
+    """A modal dialog nobody answers would hang the run: fail the test instead, with its text. Tests that
+    expect one replace these themselves, or answer real ones (``real_dialogs``)."""
+    from PySide6.QtWidgets import QMessageBox
+
+    if request.node.get_closest_marker("real_dialogs"):
+        return
+
+    def refuse(*args, **kwargs):
+        texts = [a for a in args if isinstance(a, str)]
+        raise AssertionError(f"a modal dialog opened unexpectedly: {texts}")
+
+    for name in ("warning", "question", "information", "critical"):
+        monkeypatch.setattr(QMessageBox, name, staticmethod(refuse))
+    monkeypatch.setattr(QMessageBox, "exec", lambda self: refuse(self.text()))

@@ -128,6 +128,7 @@ def answer_dialog(button_text, seen):
     QTimer.singleShot(0, click)
 
 
+@pytest.mark.real_dialogs
 def test_the_dialog_names_the_file_and_moves_it_aside(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))
     (tmp_path / "settings.json").write_text('"dark"')
@@ -140,6 +141,7 @@ def test_the_dialog_names_the_file_and_moves_it_aside(qtbot, tmp_path, monkeypat
     assert [p.read_text() for p in tmp_path.glob("settings.json.damaged-*")] == ['"dark"']
 
 
+@pytest.mark.real_dialogs
 def test_quit_in_the_dialog_leaves_the_file_alone(qtbot, tmp_path):
     path = tmp_path / "kvasir.db"
     path.write_bytes(b"garbage" * 100)

@@ -175,3 +175,17 @@ def test_stats_list_live_requests_with_their_blocks(tiny_llama):
     engine.abort(b)
     engine.step()
     assert engine.stats().requests == ()
+
+
+def test_chat_ending_with_a_reply_continues_that_reply(tiny_llama):
+    """A conversation whose last message is the assistant's (a reply cut at max_tokens) is written on: no end of
+    turn after it and no new generation prompt."""
+    engine = Engine(EngineConfig(model=str(tiny_llama), num_kv_blocks=32))
+    chat = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "content": "It was a dark"}]
+    ids = engine.encode_prompt(chat)
+    tokenizer = engine.tokenizer
+    expected = tokenizer.apply_chat_template(chat, continue_final_message=True, tokenize=True)
+    assert ids == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    assert tokenizer.decode(ids).endswith("It was a dark")
+    fresh = engine.encode_prompt(chat[:1])
+    assert tokenizer.decode(fresh).rstrip().endswith("assistant")  # a new reply starts after the prompt
