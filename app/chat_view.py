@@ -12,13 +12,14 @@ from __future__ import annotations
 import html
 from enum import Enum
 
-from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocumentFragment
 from PySide6.QtWidgets import (
     QFrame,
     QGraphicsOpacityEffect,
     QHBoxLayout,
     QLabel,
+    QLayout,
     QPushButton,
     QScrollArea,
     QSizePolicy,
@@ -305,6 +306,18 @@ class MessageWidget(QFrame):
         self._opacity.setOpacity(1.0 if self._hovered or focused or last else 0.0)
 
 
+class _Page(QWidget):
+    """The scrolled column. Its height is its height for the real width: word-wrapped labels otherwise ask for
+    the height they would need at a narrow width, which left blank space under the last message."""
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(0, 0)
+
+    def sizeHint(self) -> QSize:
+        width = self.width() or 600
+        return QSize(width, self.heightForWidth(width))
+
+
 class ChatView(QScrollArea):
     """The thread. ``show_thread`` shows it (reusing the widgets of unchanged messages); ``update_streaming``
     redraws the live reply alone, throttled."""
@@ -318,10 +331,13 @@ class ChatView(QScrollArea):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setAccessibleName("Conversation")
         self.renderer = MarkdownRenderer()
-        self.page = QWidget()
+        self.page = _Page()
         self.page.setObjectName("transcript")
         self.page.setStyleSheet("QFrame#userMessage { background: palette(alternate-base); border-radius: 10px; }")
         self.column = QVBoxLayout(self.page)
+        # no minimum height from the labels' narrow-width guesses: the scroll area sizes the page by its
+        # height for the real width, so nothing blank is left under the last message
+        self.column.setSizeConstraint(QLayout.SetNoConstraint)
         self.column.setContentsMargins(8, 8, 8, 8)
         self.column.setSpacing(6)
         self.earlier = QPushButton("Show earlier messages")

@@ -134,3 +134,13 @@ def test_streaming_into_a_thousand_message_chat_touches_one_widget(window, qloop
     qloop.run_until_complete(task)
     assert store.thread(conv)[-1].text.startswith("Paris") and store.thread(conv)[-1].id == streaming
     assert drawn == []  # the 59 other messages on screen were not redrawn
+
+
+def test_no_blank_space_is_left_under_the_last_message(qtbot):
+    view = make_view(qtbot)
+    view.resize(800, 600)
+    view.show_thread(thread(30))  # taller than the view
+    qtbot.wait(50)
+    bottom = view.last_widget().geometry().bottom()
+    assert bottom > view.viewport().height()
+    assert view.page.height() - bottom < 40  # the page ends with its last message (and the margins)
