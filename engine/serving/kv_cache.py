@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..config import EngineConfig
@@ -60,12 +60,26 @@ class KVCache:
 
 
 def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed tensor; on the CPU from calloc'd memory, whose pages the system maps only once they are written,
-    so resident memory grows with the blocks in use rather than with the pool's size."""
+    """A zeroed tensor; on the CPU in its own anonymous memory mapping, whose pages the system maps only once
+    they are written, so resident memory grows with the blocks in use rather than with the pool's size.
+
+    Not calloc: glibc serves a calloc from its heap once a freed block has raised its mmap threshold, and
+    then zeroes (and so makes resident) the whole pool at once.
+    """
     if device.type != "cpu":
         return torch.zeros(dims, dtype=dtype, device=device)
     nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(dims)
+    if nbytes == 0:
+        return torch.zeros(dims, dtype=dtype)
+    return torch.frombuffer(_anonymous_mapping(nbytes), dtype=dtype).view(dims)
+
+
+def _anonymous_mapping(nbytes: int) -> mmap.mmap:
+    """Private zero-filled memory, returned to the system when the last tensor over it is gone."""
+    if hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                         prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return mmap.mmap(-1, nbytes)  # Windows: pagefile-backed, committed page by page as it is written
 
 
 def kv_cache_blocks(config: EngineConfig, device: torch.device, bytes_per_token: int, max_model_len: int,
