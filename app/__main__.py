@@ -41,13 +41,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import qasync
-    from PySide6.QtWidgets import QApplication
 
+    from .application import create_application
     from .bridge import EngineBridge
     from .main_window import MainWindow
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setApplicationName("Kvasir")
+    app = create_application(sys.argv[:1])
     lock, opened = open_for_this_run(args.self_test)  # the lock is held until run() returns
     if opened is None:
         return 1

@@ -10,15 +10,30 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
     QMessageBox,
     QPlainTextEdit,
+    QPushButton,
     QSpinBox,
     QVBoxLayout,
 )
 
-from .settings import DEFAULTS, Preset, sampling_problems, valid_sampling
+from .personas import PersonaError, Personas
+from .settings import DEFAULTS, TEXT_SCALES, Preset, sampling_problems, valid_sampling
 
 CUSTOM = "Custom"
+DESCRIPTIONS = {  # what each sampling setting does, for tooltips and screen readers
+    "temperature": "Higher values make replies more varied, lower ones more predictable; 0 always picks the "
+                   "likeliest word.",
+    "top_p": "Only the likeliest words that together reach this probability are considered.",
+    "top_k": "Only this many of the likeliest words are considered; 0 turns the limit off.",
+    "min_p": "Words less likely than this share of the likeliest word are left out.",
+    "repetition_penalty": "Above 1, words already used become less likely, so the reply repeats itself less.",
+    "max_tokens": "The longest a reply may get; a reply cut here can be continued.",
+    "seed": "The same seed and settings give the same reply again.",
+}
 
 
 class SamplingForm(QGroupBox):
@@ -46,6 +61,12 @@ class SamplingForm(QGroupBox):
         form.addRow("Repetition penalty", self.repetition_penalty)
         form.addRow("Max tokens per reply", self.max_tokens)
         form.addRow(self.fixed_seed, self.seed)
+        self.seed.setAccessibleName("Seed")
+        self.fixed_seed.setAccessibleDescription("Use the seed beside it, so the same reply can be written again")
+        for key, description in DESCRIPTIONS.items():
+            widget = getattr(self, key)
+            widget.setToolTip(description)
+            widget.setAccessibleDescription(description)
 
     def values(self) -> dict:
         return {
@@ -63,41 +84,131 @@ class SamplingForm(QGroupBox):
 
 
 class ChatSettingsDialog(QDialog):
-    """One conversation's persona (a preset or a custom system prompt) and sampling."""
+    """One conversation's persona (built-in, the user's own, or a custom system prompt) and sampling.
 
-    def __init__(self, presets: list[Preset], preset: str | None, system_prompt: str, sampling: dict,
+    Saving, renaming and deleting the user's personas happens at once (they are shared by every chat); OK and
+    Cancel decide only this chat's choice."""
+
+    def __init__(self, personas: Personas, preset: str | None, system_prompt: str, sampling: dict,
                  parent=None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
-        self.presets = {p.name: p for p in presets}
+        self.personas = personas
         self.preset = QComboBox()
-        self.preset.addItems([*self.presets, CUSTOM])
-        self.preset.setCurrentText(preset if preset in self.presets else CUSTOM)
+        self.preset.setAccessibleName("Persona")
         self.prompt = QPlainTextEdit(system_prompt)
         self.prompt.setPlaceholderText("Instructions the model reads before the conversation")
+        self.prompt.setTabChangesFocus(True)
+        self.prompt.setAccessibleName("System prompt")
+        self.save_button = QPushButton("Save as persona…")
+        self.save_button.setToolTip("Save this system prompt under a name, to pick it for other chats")
+        self.rename_button = QPushButton("Rename…")
+        self.rename_button.setAccessibleName("Rename this persona")
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.setAccessibleName("Delete this persona")
+        self.note = QLabel(wordWrap=True)
+        self.note.setStyleSheet("color: palette(placeholder-text);")
         self.sampling = SamplingForm(sampling)
         persona = QGroupBox("Persona")
         persona_form = QFormLayout(persona)
-        persona_form.addRow("Preset", self.preset)
+        row = QHBoxLayout()
+        row.addWidget(self.preset, 1)
+        for button in (self.save_button, self.rename_button, self.delete_button):
+            row.addWidget(button)
+        persona_form.addRow("Persona", row)
         persona_form.addRow("System prompt", self.prompt)
+        persona_form.addRow(self.note)
         _stack_with_ok_cancel(self, persona, self.sampling)
+        self._fill(preset if preset in personas.names() else CUSTOM)
         self.preset.currentTextChanged.connect(self._preset_chosen)
         self.prompt.textChanged.connect(self._prompt_edited)
-        self.resize(560, 620)
+        self.save_button.clicked.connect(self.save_persona)
+        self.rename_button.clicked.connect(self.rename_persona)
+        self.delete_button.clicked.connect(self.delete_persona)
+        self.resize(600, 640)
 
     def accept(self) -> None:
         if self.sampling.accept_or_explain():
             super().accept()
 
+    # -- the user's personas ---------------------------------------------------------------------------
+
+    def save_persona(self) -> bool:
+        """Ask for a name and save the prompt in the box under it; True when saved."""
+        current = self.preset.currentText()
+        name = self.ask_name("Save as persona", "Name of the persona:",
+                             current if self.personas.is_own(current) else "")
+        if name is None:
+            return False
+        existing = self.personas.get(" ".join(name.split()))
+        if existing is not None and not existing.builtin and existing.system_prompt != self.prompt.toPlainText() \
+                and not self.confirm(f"Replace the system prompt of your persona “{existing.name}”?"):
+            return False
+        return self._try(lambda: self._fill(self.personas.save(name, self.prompt.toPlainText()).name))
+
+    def rename_persona(self) -> bool:
+        old = self.preset.currentText()
+        new = self.ask_name("Rename persona", "New name:", old) if self.personas.is_own(old) else None
+        if new is None:
+            return False
+        return self._try(lambda: (self.personas.rename(old, new), self._fill(" ".join(new.split()))))
+
+    def delete_persona(self) -> bool:
+        name = self.preset.currentText()
+        if not self.personas.is_own(name) or not self.confirm(
+                f"Delete your persona “{name}”? Chats that use it keep its system prompt."):
+            return False
+        return self._try(lambda: (self.personas.delete(name), self._fill(CUSTOM)))
+
+    def ask_name(self, title: str, label: str, text: str) -> str | None:
+        """The name the user typed, or None when they cancelled."""
+        name, ok = QInputDialog.getText(self, title, label, text=text)
+        return name if ok else None
+
+    def confirm(self, question: str) -> bool:
+        return QMessageBox.question(self, "Personas", question) == QMessageBox.Yes
+
+    def _try(self, change) -> bool:
+        try:
+            change()
+        except PersonaError as exc:
+            QMessageBox.warning(self, "Personas", str(exc))
+            return False
+        return True
+
+    # -- choosing --------------------------------------------------------------------------------------
+
+    def _fill(self, chosen: str) -> None:
+        """The list of personas, showing ``chosen`` (a name, or CUSTOM); the prompt box is left as it is."""
+        self.preset.blockSignals(True)
+        self.preset.clear()
+        self.preset.addItems([*self.personas.names(), CUSTOM])
+        self.preset.setCurrentText(chosen)
+        self.preset.blockSignals(False)
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        name = self.preset.currentText()
+        own = self.personas.is_own(name)
+        self.rename_button.setEnabled(own)
+        self.delete_button.setEnabled(own)
+        persona = self.personas.get(name)
+        self.note.setText("A built-in persona: to change it, edit the prompt and save it as your own." if
+                          persona is not None and persona.builtin else
+                          "Your own persona: it can be renamed or deleted." if own else
+                          "A system prompt for this chat alone; save it as a persona to use it again.")
+
     def _preset_chosen(self, name: str) -> None:
-        if name in self.presets:
+        persona = self.personas.get(name)
+        if persona is not None:
             self.prompt.blockSignals(True)
-            self.prompt.setPlainText(self.presets[name].system_prompt)
+            self.prompt.setPlainText(persona.system_prompt)
             self.prompt.blockSignals(False)
+        self._update_buttons()
 
     def _prompt_edited(self) -> None:
-        name = self.preset.currentText()
-        if name in self.presets and self.prompt.toPlainText() != self.presets[name].system_prompt:
+        persona = self.personas.get(self.preset.currentText())
+        if persona is not None and self.prompt.toPlainText() != persona.system_prompt:
             self.preset.setCurrentText(CUSTOM)
 
     def result_values(self) -> dict:
@@ -107,7 +218,7 @@ class ChatSettingsDialog(QDialog):
 
 
 class PreferencesDialog(QDialog):
-    """Defaults for new chats, and the theme."""
+    """Defaults for new chats, the theme and the text size."""
 
     def __init__(self, presets: list[Preset], values: dict, parent=None) -> None:
         super().__init__(parent)
@@ -115,6 +226,11 @@ class PreferencesDialog(QDialog):
         self.theme = QComboBox()
         self.theme.addItems(["system", "light", "dark"])
         self.theme.setCurrentText(values["theme"])
+        self.theme.setAccessibleDescription("“system” follows the desktop's light or dark setting as it changes")
+        self.text_scale = QSpinBox(minimum=TEXT_SCALES[0], maximum=TEXT_SCALES[-1], singleStep=10, suffix=" %")
+        self.text_scale.setValue(values.get("text_scale", DEFAULTS["text_scale"]))
+        self.text_scale.setAccessibleDescription("The size of the conversation's text; Ctrl+= and Ctrl+- change "
+                                                 "it, Ctrl+0 puts it back to 100 %")
         self.preset = QComboBox()
         self.preset.addItems([p.name for p in presets])
         self.preset.setCurrentText(values["preset"])
@@ -122,6 +238,7 @@ class PreferencesDialog(QDialog):
         general = QGroupBox("New chats and appearance")
         form = QFormLayout(general)
         form.addRow("Theme", self.theme)
+        form.addRow("Text size", self.text_scale)
         form.addRow("Persona for new chats", self.preset)
         _stack_with_ok_cancel(self, general, self.sampling)
 
@@ -130,8 +247,8 @@ class PreferencesDialog(QDialog):
             super().accept()
 
     def result_values(self) -> dict:
-        return {"theme": self.theme.currentText(), "preset": self.preset.currentText(),
-                "sampling": self.sampling.values()}
+        return {"theme": self.theme.currentText(), "text_scale": self.text_scale.value(),
+                "preset": self.preset.currentText(), "sampling": self.sampling.values()}
 
 
 def _stack_with_ok_cancel(dialog: QDialog, *widgets) -> None:

@@ -13,8 +13,9 @@ import html
 from enum import Enum
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocumentFragment
+from PySide6.QtGui import QDesktopServices, QFont, QGuiApplication, QTextDocumentFragment
 from PySide6.QtWidgets import (
+    QApplication,
     QFrame,
     QGraphicsOpacityEffect,
     QHBoxLayout,
@@ -40,6 +41,7 @@ STATUS_NOTES = {
     "error": "Failed",
 }
 LENGTH_NOTE = "Cut at the length limit (Max tokens per reply)."
+FOOTER_SCALE = 0.9  # the numbers under a reply, relative to the text
 
 
 class MessageAction(Enum):
@@ -101,13 +103,12 @@ class CodeBlock(QFrame):
     def __init__(self, segment: CodeSegment, copy, dark: bool, parent=None) -> None:
         super().__init__(parent)
         self.setObjectName("codeBlock")
-        self.setStyleSheet(f"QFrame#codeBlock {{ background: {'#272822' if dark else '#f4f4f4'}; "
-                           "border-radius: 6px; }")
+        self.dark: bool | None = None
         self.language = QLabel(segment.language or "code")
         self.language.setStyleSheet("color: #888888;")
         self.copy_button = QToolButton(text="Copy")
-        self.copy_button.setAccessibleName(f"Copy the {segment.language or 'code'} block")
         self.copy_button.setAutoRaise(True)
+        self.copy_button.setFocusPolicy(Qt.StrongFocus)
         self.code = QLabel()
         self.code.setTextFormat(Qt.RichText)
         self.code.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard)
@@ -123,12 +124,23 @@ class CodeBlock(QFrame):
         layout.addWidget(self.code)
         self._copy = copy
         self.copy_button.clicked.connect(lambda: self._copy(self.source))
-        self.show_segment(segment)
+        self.show_segment(segment, dark)
 
-    def show_segment(self, segment: CodeSegment) -> None:
+    def show_segment(self, segment: CodeSegment, dark: bool) -> None:
         self.source = segment.code
-        self.language.setText(segment.language or "code")
+        what = segment.language or "code"
+        self.language.setText(what)
+        self.copy_button.setToolTip(f"Copy the {what} block")
+        self.copy_button.setAccessibleName(f"Copy the {what} block")
+        self.code.setAccessibleName(f"{what} block" if segment.language else "Code block")
         self.code.setText(f'<pre style="margin: 0 8px; font-family: monospace;">{segment.highlighted}</pre>')
+        if dark != self.dark:  # the theme changed: the background follows the highlighting's colours
+            self.dark = dark
+            self.setStyleSheet(f"QFrame#codeBlock {{ background: {'#272822' if dark else '#f4f4f4'}; "
+                               "border-radius: 6px; }")
+
+    def focusables(self) -> list[QWidget]:
+        return [self.copy_button, self.code]
 
 
 class MessageWidget(QFrame):
@@ -144,7 +156,8 @@ class MessageWidget(QFrame):
         self.body.setSpacing(6)
         self.footer = QLabel()
         self.footer.setWordWrap(True)
-        self.footer.setStyleSheet("color: #888888; font-size: small;")
+        self.footer.setStyleSheet("color: #888888;")
+        self.footer.setFont(view.small_font)
         self.actions_row = QWidget()
         self.buttons = QHBoxLayout(self.actions_row)
         self.buttons.setContentsMargins(0, 0, 0, 0)
@@ -208,7 +221,7 @@ class MessageWidget(QFrame):
                 self._segments.append(widget)
                 self.body.addWidget(widget)
             elif isinstance(piece, CodeSegment):
-                widget.show_segment(piece)
+                widget.show_segment(piece, self.view.renderer.dark)
             if wanted is _Text and widget.text() != piece:
                 widget.setText(piece)
         self._drop_segments(len(pieces))
@@ -250,7 +263,9 @@ class MessageWidget(QFrame):
         if version is not None and version[1] > 1:
             number, count = version
             self.add_button("‹", "Earlier version", lambda: self.view.ask(MessageAction.PREVIOUS, message.id))
-            self.buttons.addWidget(QLabel(f"{number}/{count}"))
+            position = QLabel(f"{number}/{count}")
+            position.setAccessibleName(f"Version {number} of {count}")
+            self.buttons.addWidget(position)
             self.add_button("›", "Later version", lambda: self.view.ask(MessageAction.NEXT, message.id))
         self.buttons.addStretch(1)
         self._update_opacity()
@@ -265,6 +280,17 @@ class MessageWidget(QFrame):
         button.installEventFilter(self)
         self.buttons.addWidget(button)
         return button
+
+    def focusables(self) -> list[QWidget]:
+        """What Tab stops at in this message, top to bottom: its text and code blocks, then its buttons."""
+        found: list[QWidget] = []
+        for widget in self._segments:
+            if isinstance(widget, CodeBlock):
+                found += widget.focusables()
+            elif widget.focusPolicy() & Qt.TabFocus:
+                found.append(widget)
+        items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
+        return found + [w for w in items if isinstance(w, QToolButton)]
 
     def button(self, text: str) -> QToolButton | None:
         items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
@@ -342,6 +368,9 @@ class ChatView(QScrollArea):
         self.column.setSpacing(6)
         self.earlier = QPushButton("Show earlier messages")
         self.earlier.clicked.connect(self._show_earlier)
+        self.small_font = QFont(self.font())
+        self._base_point_size = self.font().pointSizeF() if self.font().pointSizeF() > 0 else 10.0
+        self._chain: list[int] = []  # the widgets after the view in the tab order, as last chained
         self.column.addWidget(self.earlier, 0, Qt.AlignHCenter)
         self.notice = QLabel("")
         self.notice.setAlignment(Qt.AlignCenter)
@@ -363,12 +392,25 @@ class ChatView(QScrollArea):
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._scrolled)
         bar.rangeChanged.connect(self._range_changed)
+        QApplication.instance().focusChanged.connect(self._focus_changed)
+        self.set_text_scale(100)
 
     # -- what the window calls ------------------------------------------------------------------------
 
     def set_dark(self, dark: bool) -> None:
         self.renderer.dark = dark
         self._render()
+
+    def set_text_scale(self, percent: int) -> None:
+        """Messages and code blocks at ``percent`` of the normal text size (the numbers under replies a little
+        smaller)."""
+        font = QFont(self.page.font())
+        font.setPointSizeF(self._base_point_size * percent / 100)
+        self.page.setFont(font)
+        self.small_font = QFont(font)
+        self.small_font.setPointSizeF(font.pointSizeF() * FOOTER_SCALE)
+        for widget in self._widgets.values():
+            widget.footer.setFont(self.small_font)
 
     def show_thread(self, messages: list[Message], streaming: dict[int, str] | None = None,
                     versions: dict[int, tuple[int, int]] | None = None, skipped: int = 0) -> None:
@@ -437,6 +479,31 @@ class ChatView(QScrollArea):
         for message_id in wanted[-2:]:  # the last message keeps its actions in view
             self._widgets[message_id]._update_opacity()
         self._show_notice()
+        self._chain_focus()
+
+    def focusables(self) -> list[QWidget]:
+        """Where Tab stops after the view itself, top to bottom."""
+        found: list[QWidget] = [self.earlier] if not self.earlier.isHidden() else []
+        for message_id in self._order:
+            found += self._widgets[message_id].focusables()
+        return found
+
+    def _chain_focus(self) -> None:
+        """Put the messages' text and buttons right after the view in the tab order, in reading order (Qt
+        appends widgets made later at the end of the window's chain, after the composer and the panel)."""
+        chain = self.focusables()
+        ids = [id(w) for w in chain]
+        if ids == self._chain:
+            return
+        self._chain = ids
+        previous: QWidget = self
+        for widget in chain:
+            QWidget.setTabOrder(previous, widget)
+            previous = widget
+
+    def _focus_changed(self, _old, new) -> None:
+        if new is not None and new is not self and self.page.isAncestorOf(new):
+            self.ensureWidgetVisible(new, 0, 24)
 
     def _show_notice(self) -> None:
         if not self._messages:
@@ -454,6 +521,7 @@ class ChatView(QScrollArea):
             if widget is not None and message_id in self._streaming:
                 widget.show_text(self._streaming[message_id])
         self._dirty.clear()
+        self._chain_focus()  # a new code block's Copy button joins the tab order where it shows
 
     def _show_earlier(self) -> None:
         bar = self.verticalScrollBar()

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+
+EDIT_LINES = 3  # the box shows this many lines of text at any text size
+# (share of the context in use, level, colour): from "warn" on the meter says how full it is
+CONTEXT_LEVELS = ((0.95, "full", "#c0392b"), (0.8, "warn", "#b06000"), (0.0, "ok", ""))
 
 
 class MessageEdit(QPlainTextEdit):
@@ -27,11 +32,17 @@ class Composer(QWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.edit = MessageEdit(placeholderText="Message Kvasir… (Enter to send, Shift+Enter for a new line)")
-        self.edit.setFixedHeight(84)
+        self.edit.setAccessibleName("Message")
+        self.edit.setAccessibleDescription("Enter sends, Shift+Enter starts a new line, Esc stops the reply")
+        self.edit.setTabChangesFocus(True)  # Tab leaves the box for the Send button, as everywhere else
         self.button = QPushButton("Send")
         self.button.setMinimumWidth(84)
         self.context = QLabel("")
         self.context.setObjectName("contextMeter")
+        self.context.setAccessibleName("Context used")
+        self.context_level = "ok"
+        self._base_font = QFont(self.edit.font())
+        self.set_text_scale(100)
         row = QHBoxLayout()
         row.addWidget(self.edit, 1)
         row.addWidget(self.button)
@@ -47,6 +58,7 @@ class Composer(QWidget):
     def set_generating(self, generating: bool) -> None:
         self.generating = generating
         self.button.setText("Stop" if generating else "Send")
+        self.button.setToolTip("Stop the reply (Esc)" if generating else "Send the message (Enter)")
 
     def start_editing(self, message_id: int, text: str) -> None:
         """Put an earlier message in the box; sending replaces it (the old version is kept)."""
@@ -63,8 +75,28 @@ class Composer(QWidget):
         self.set_generating(self.generating)
         return True
 
+    def set_text_scale(self, percent: int) -> None:
+        """The text being written at ``percent`` of the normal size, like the transcript."""
+        font = QFont(self._base_font)
+        font.setPointSizeF(max(1.0, self._base_font.pointSizeF() * percent / 100))
+        self.edit.setFont(font)
+        margins = self.edit.contentsMargins()
+        self.edit.setFixedHeight(int(self.edit.fontMetrics().lineSpacing() * EDIT_LINES
+                                     + 2 * self.edit.document().documentMargin()
+                                     + margins.top() + margins.bottom() + 4))
+
     def set_context(self, used: int, total: int) -> None:
-        self.context.setText(f"{used:,} / {total:,} tokens")
+        """The context meter: tokens of the chat so far of the model's context; amber, then red near full."""
+        share = used / total if total > 0 else 0.0
+        self.context_level, color = next((name, color) for limit, name, color in CONTEXT_LEVELS if share >= limit)
+        text = f"{used:,} / {total:,} tokens"
+        if self.context_level == "full":
+            text += " · the context is nearly full: the oldest turns will have to be left out"
+        elif self.context_level == "warn":
+            text += f" · {share:.0%} of the context used"
+        self.context.setText(text)
+        self.context.setStyleSheet(f"color: {color};" if color else "")
+        self.context.setAccessibleDescription(f"{share:.0%} of the model's context is used")
 
     def _clicked(self) -> None:
         if self.generating:

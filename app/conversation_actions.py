@@ -17,7 +17,8 @@ from PySide6.QtCore import QObject, Signal
 from .chat_controller import ChatController
 from .conversations import Conversations
 from .export import from_json, to_json, to_markdown
-from .settings import Preset, Settings
+from .personas import Personas
+from .settings import DEFAULTS, Settings
 from .store import Conversation
 
 UNDO_NOTICE_MS = 10_000
@@ -39,10 +40,10 @@ class ConversationActions(QObject):
     undo_available = Signal(bool)
 
     def __init__(self, conversations: Conversations, controller: ChatController, settings: Settings,
-                 presets: list[Preset], parent: QObject | None = None) -> None:
+                 personas: Personas, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.conversations, self.controller = conversations, controller
-        self.settings, self.presets = settings, presets
+        self.settings, self.personas = settings, personas
         self.current: int | None = None
         self._deleted: list[int] = []
 
@@ -68,7 +69,7 @@ class ConversationActions(QObject):
             source = self.conversations.get(like)
             settings = {k: v for k, v in source.settings.items() if k != "skip_messages"}
             return self.conversations.create("New chat", source.system_prompt, source.preset, settings)
-        preset = next((p for p in self.presets if p.name == self.settings["preset"]), None)
+        preset = self.personas.get(self.settings["preset"]) or self.personas.get(DEFAULTS["preset"])
         return self.conversations.create("New chat", preset.system_prompt if preset else "",
                                          preset.name if preset else None, dict(self.settings["sampling"]))
 

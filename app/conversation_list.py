@@ -87,6 +87,7 @@ class ConversationSidebar(QWidget):
         self.current: int | None = None
         self.new_button = QPushButton("+  New chat")
         self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.setAccessibleName("New chat")
         self.search = QLineEdit(placeholderText="Search all chats (Ctrl+F)")
         self.search.setAccessibleName("Search all chats")
         self.search.setClearButtonEnabled(True)
@@ -109,9 +110,9 @@ class ConversationSidebar(QWidget):
         self.view.clicked.connect(self._chosen)
         self.view.activated.connect(self._chosen)
         self.model.modelReset.connect(self._keep_selection)
-        for keys, action in (("F2", ChatAction.RENAME), ("Delete", ChatAction.DELETE)):
-            shortcut = QShortcut(QKeySequence(keys), self.view, context=Qt.WidgetShortcut)
-            shortcut.activated.connect(lambda action=action: self._on_current(action))
+        # F2 is the window's (its Chat menu acts on the highlighted row while the list has focus)
+        delete = QShortcut(QKeySequence(Qt.Key_Delete), self.view, context=Qt.WidgetShortcut)
+        delete.activated.connect(lambda: self.act_on_highlighted(ChatAction.DELETE))
 
     def select(self, conversation_id: int) -> None:
         self.current = conversation_id
@@ -125,7 +126,8 @@ class ConversationSidebar(QWidget):
     def _chosen(self, index: QModelIndex) -> None:
         self.selected.emit(index.data(ConversationIdRole))
 
-    def _on_current(self, action: ChatAction) -> None:
+    def act_on_highlighted(self, action: ChatAction) -> None:
+        """Ask for ``action`` on the chat highlighted in the list (which arrow keys move before Enter opens)."""
         index = self.view.currentIndex()
         if index.isValid():
             self.action_requested.emit(action, index.data(ConversationIdRole))

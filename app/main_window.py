@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -35,10 +35,13 @@ from .engine_banner import EngineBanner, not_ready_message
 from .engine_panel import EnginePanel
 from .model_bar import ModelBar
 from .model_dialog import ModelDialog
-from .settings import Settings, load_presets
+from .personas import Personas
+from .settings import DEFAULTS, Settings, load_presets, next_text_scale
+from .shortcuts import COMMANDS, MENUS, ShortcutsDialog
 from .store import Message, Store
-from .theme import apply_theme
+from .theme import apply_theme, follow_system_scheme, stop_following_system_scheme
 from .token_counter import TokenCounter
+from .window_geometry import first_start_geometry, fit_to_screen
 
 
 class MainWindow(QMainWindow):
@@ -52,16 +55,17 @@ class MainWindow(QMainWindow):
         self.store, self.bridge = store, bridge
         self.library = library or ModelLibrary()
         self.settings = settings or Settings()
-        self.presets = load_presets()
+        self.personas = Personas(store, load_presets(), self.settings, self)
         self.conversations = Conversations(store, self)
         self.controller = ChatController(self.conversations, bridge, self)
-        self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.presets, self)
+        self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)
         self.tokens = TokenCounter(bridge.count_tokens)
         self._build()
         self._connect()
-        self._shortcuts()
         self._restore_geometry()
         self.apply_theme(self.settings["theme"])
+        follow_system_scheme(self._system_scheme_changed)
+        self.set_text_scale(self.settings["text_scale"], save=False)
         self.actions.open_first()
 
     @property
@@ -82,6 +86,7 @@ class MainWindow(QMainWindow):
         self.persona_button = QPushButton("Persona")
         self.persona_button.setFlat(True)
         self.persona_button.setToolTip("Chat settings: persona and sampling")
+        self.persona_button.setAccessibleName("Chat settings: persona and sampling")
         self.persona_button.clicked.connect(lambda: self.edit_chat_settings())
         header = QHBoxLayout()
         header.setContentsMargins(6, 4, 6, 0)
@@ -108,22 +113,54 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.model_bar)
         layout.addWidget(self.splitter, 1)
         self.setCentralWidget(root)
-        self.resize(1280, 800)
+        self._tab_order()
+
+    def _tab_order(self) -> None:
+        """Top bar, sidebar, persona, transcript (its messages chain themselves in after it), composer, panel."""
+        chain = [self.model_bar.model_box, self.model_bar.quant_box, self.model_bar.panel_button,
+                 self.sidebar.new_button, self.sidebar.search, self.sidebar.view, self.persona_button,
+                 self.banner.choose, self.banner.restart, self.chat, self.composer.edit, self.composer.button,
+                 self.panel, self.undo_button]
+        for first, second in zip(chain, chain[1:]):
+            QWidget.setTabOrder(first, second)
 
     def _build_menus(self) -> None:
-        bar = self.menuBar()
-        file_menu = bar.addMenu("&File")
-        file_menu.addAction("New chat", self.actions.new)
-        file_menu.addAction("Import chat…", self._ask_import)
-        file_menu.addAction("Preferences…", self.edit_preferences)
-        file_menu.addSeparator()
-        file_menu.addAction("Quit", self.close)
-        models_menu = bar.addMenu("&Models")
-        models_menu.addAction("Model manager…", self.open_model_manager)
-        chat_menu = bar.addMenu("&Chat")
-        chat_menu.addAction("Regenerate last reply", self.regenerate)
-        chat_menu.addAction("Stop", self.stop)
-        chat_menu.addAction("Chat settings…", self.edit_chat_settings)
+        """The menus from :data:`app.shortcuts.COMMANDS`: each command an action with its keys, added to the
+        window too so the keys work while the menu bar is hidden."""
+        handlers = {
+            "new_chat": self.actions.new, "import_chat": self._ask_import, "preferences": self.edit_preferences,
+            "quit": self.close, "regenerate": self.regenerate, "stop": self.stop,
+            "chat_settings": self.edit_chat_settings,
+            "rename_chat": lambda: self._on_current_chat(ChatAction.RENAME),
+            "pin_chat": lambda: self._on_current_chat(ChatAction.PIN),
+            "export_markdown": lambda: self._on_current_chat(ChatAction.EXPORT_MARKDOWN),
+            "export_json": lambda: self._on_current_chat(ChatAction.EXPORT_JSON),
+            "delete_chat": lambda: self._on_current_chat(ChatAction.DELETE),
+            "undo_delete": self.actions.undo_delete,
+            "search": self.focus_search, "focus_composer": lambda: self.composer.edit.setFocus(),
+            "toggle_panel": self.model_bar.panel_button.setChecked,
+            "text_larger": lambda: self.set_text_scale(next_text_scale(self.settings["text_scale"], 1)),
+            "text_smaller": lambda: self.set_text_scale(next_text_scale(self.settings["text_scale"], -1)),
+            "text_reset": lambda: self.set_text_scale(DEFAULTS["text_scale"]),
+            "choose_model": self.choose_model, "model_manager": self.open_model_manager,
+            "shortcuts": self.show_shortcuts,
+        }
+        menus = {title: self.menuBar().addMenu(title) for title in MENUS}
+        self.commands: dict[str, QAction] = {}
+        for command in COMMANDS:
+            action = QAction(command.label, self)
+            action.setShortcuts([QKeySequence(k) for k in command.keys])
+            action.setCheckable(command.checkable)
+            if command.checkable:
+                action.toggled.connect(handlers[command.name])
+            else:
+                action.triggered.connect(lambda _=False, handler=handlers[command.name]: handler())
+            menus[command.menu].addAction(action)
+            self.addAction(action)
+            self.commands[command.name] = action
+        panel = self.commands["toggle_panel"]
+        panel.setChecked(self.model_bar.panel_button.isChecked())
+        self.model_bar.panel_button.toggled.connect(panel.setChecked)
 
     def _connect(self) -> None:
         self.sidebar.selected.connect(self.actions.open)
@@ -149,20 +186,8 @@ class MainWindow(QMainWindow):
         self.banner.restart_requested.connect(self.restart_engine)
         self.banner.choose_model_requested.connect(self.open_model_manager)
         self.model_bar.panel_button.toggled.connect(self.panel.setVisible)
+        self.personas.changed.connect(self._update_header)
         self.model_bar.switch_requested.connect(self.switch_model)
-
-    def _shortcuts(self) -> None:
-        bindings = {
-            "Ctrl+N": self.actions.new,
-            "Escape": self.stop,
-            "Ctrl+F": lambda: self.sidebar.search.setFocus(),
-            "Ctrl+K": lambda: (self.model_bar.model_box.setFocus(), self.model_bar.model_box.showPopup()),
-            "Ctrl+L": lambda: self.composer.edit.setFocus(),
-            "Ctrl+Z": self.actions.undo_delete,
-            "Ctrl+R": self.regenerate,
-        }
-        for keys, action in bindings.items():
-            QShortcut(QKeySequence(keys), self, activated=action)
 
     # -- actions ------------------------------------------------------------------------------------
 
@@ -187,24 +212,54 @@ class MainWindow(QMainWindow):
     def edit_chat_settings(self) -> None:
         conv = self.conversations.get(self.current)
         sampling = {**self.settings["sampling"], **conv.settings}
-        dialog = ChatSettingsDialog(self.presets, conv.preset, conv.system_prompt, sampling, self)
+        dialog = ChatSettingsDialog(self.personas, conv.preset, conv.system_prompt, sampling, self)
         if dialog.exec():
             values = dialog.result_values()
             self.conversations.configure(self.current, values["preset"], values["system_prompt"],
                                          {**conv.settings, **values["settings"]})
 
     def edit_preferences(self) -> None:
-        dialog = PreferencesDialog(self.presets, self.settings.values, self)
+        dialog = PreferencesDialog(self.personas.all(), self.settings.values, self)
         if dialog.exec():
             for key, value in dialog.result_values().items():
                 self.settings[key] = value
             self.settings.save()
             self.apply_theme(self.settings["theme"])
+            self.set_text_scale(self.settings["text_scale"], save=False)
 
     def apply_theme(self, choice: str) -> None:
         app = QApplication.instance()
         dark = apply_theme(app, choice) if app is not None else False
         self.chat.set_dark(dark)
+
+    def _system_scheme_changed(self, *_scheme) -> None:
+        """The desktop went light or dark: follow it, unless the user chose a theme of their own."""
+        if self.settings["theme"] == "system":
+            self.apply_theme("system")
+
+    def set_text_scale(self, percent: int, save: bool = True) -> None:
+        """The transcript's and the message box's text at ``percent`` of the normal size; remembered."""
+        self.settings["text_scale"] = percent
+        if save:
+            self.settings.save()
+            self.statusBar().showMessage(f"Text size {percent} %", 2000)
+        self.chat.set_text_scale(percent)
+        self.composer.set_text_scale(percent)
+
+    def focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def choose_model(self) -> None:
+        self.model_bar.model_box.setFocus()
+        self.model_bar.model_box.showPopup()
+
+    def show_shortcuts(self) -> ShortcutsDialog:
+        dialog = getattr(self, "shortcuts_dialog", None) or ShortcutsDialog(self)
+        self.shortcuts_dialog = dialog
+        dialog.show()
+        dialog.raise_()
+        return dialog
 
     def send(self, text: str) -> asyncio.Task | None:
         if not self.bridge.ready:
@@ -271,6 +326,13 @@ class MainWindow(QMainWindow):
             self.continue_reply(message_id)
         else:
             self.actions.show_version(message_id, -1 if action is MessageAction.PREVIOUS else 1)
+
+    def _on_current_chat(self, action: ChatAction) -> None:
+        """The Chat menu: the chat highlighted in the list while it has focus, else the chat on screen."""
+        if self.sidebar.view.hasFocus():
+            self.sidebar.act_on_highlighted(action)
+        elif self.current is not None:
+            self._chat_action_requested(action, self.current)
 
     def _chat_action_requested(self, action: ChatAction, conversation_id: int) -> None:
         """The sidebar's menu: the dialogs here, the rest in :class:`ConversationActions`."""
@@ -404,13 +466,20 @@ class MainWindow(QMainWindow):
     # -- window state -------------------------------------------------------------------------------
 
     def _restore_geometry(self) -> None:
+        """Where the user left the window, inside the screen it opens on; the first time, a share of it."""
         settings = QSettings("Kvasir", "Kvasir")
-        if settings.value("geometry"):
-            self.restoreGeometry(settings.value("geometry"))
+        available = self.screen().availableGeometry()
+        saved = settings.value("geometry")
+        if saved and self.restoreGeometry(saved):
+            if not self.isMaximized() and not self.isFullScreen():
+                self.setGeometry(fit_to_screen(self.geometry(), available))
+        else:
+            self.setGeometry(first_start_geometry(available))
         if settings.value("splitter"):
             self.splitter.restoreState(settings.value("splitter"))
 
     def closeEvent(self, event) -> None:
+        stop_following_system_scheme(self._system_scheme_changed)
         settings = QSettings("Kvasir", "Kvasir")
         settings.setValue("geometry", self.saveGeometry())
         settings.setValue("splitter", self.splitter.saveState())

@@ -42,7 +42,7 @@ class ModelBar(QWidget):
         self.device_label = QLabel("loading…")
         self.device_label.setObjectName("deviceLabel")
         self.panel_button = QPushButton("Engine panel", checkable=True, checked=True)
-        self.panel_button.setToolTip("Show or hide the live engine panel")
+        self.panel_button.setToolTip("Show or hide the live engine panel (Ctrl+J)")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 0)
         for widget in (QLabel("Model"), self.model_box, self.quant_box, self.progress):

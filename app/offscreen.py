@@ -44,13 +44,13 @@ def start_offscreen(prefix: str) -> OffscreenApp:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["KVASIR_DATA_DIR"] = tempfile.mkdtemp(prefix=prefix)
     import qasync
-    from PySide6.QtWidgets import QApplication
 
+    from .application import create_application
     from .bridge import EngineBridge
     from .main_window import MainWindow
     from .store import Store
 
-    app = QApplication(sys.argv[:1])
+    app = create_application(sys.argv[:1])
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     store = Store(Path(os.environ["KVASIR_DATA_DIR"]) / "kvasir.db")

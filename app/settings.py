@@ -18,11 +18,13 @@ DEFAULTS = {
     "quantization": "auto",
     "device": "auto",
     "preset": "Helpful assistant",
+    "text_scale": 100,  # percent: the transcript's and the message box's text size (Ctrl+= / Ctrl+- / Ctrl+0)
     "sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
                  "max_tokens": 512, "seed": None},
 }
 SAMPLING_KEYS = tuple(DEFAULTS["sampling"])
 THEMES = ("system", "light", "dark")
+TEXT_SCALES = (50, 67, 75, 80, 90, 100, 110, 125, 150, 175, 200, 250, 300)  # the steps of Ctrl+= and Ctrl+-
 
 
 class SettingsError(ValueError):
@@ -56,10 +58,21 @@ def valid_sampling(values: dict) -> dict:
     return {**values, **{key: DEFAULTS["sampling"][key] for key in problems}}
 
 
+def next_text_scale(current: int, step: int) -> int:
+    """The text scale one step larger (``step`` 1) or smaller (-1) than ``current``, within the steps' range."""
+    if step > 0:
+        return next((s for s in TEXT_SCALES if s > current), TEXT_SCALES[-1])
+    return next((s for s in reversed(TEXT_SCALES) if s < current), TEXT_SCALES[0])
+
+
 @dataclass(frozen=True, slots=True)
 class Preset:
+    """A persona: a name and its system prompt. Built-in ones ship in ``assets/presets.json`` and can't be
+    changed; the user's own are stored in the chat database."""
+
     name: str
     system_prompt: str
+    builtin: bool = True
 
 
 def assets_dir() -> Path:
@@ -141,6 +154,8 @@ def _valid_value(key: str, value) -> bool:
     """Whether a top-level setting has a usable type (sampling is checked by the engine's rules)."""
     if key == "theme":
         return value in THEMES
+    if key == "text_scale":
+        return type(value) is int and TEXT_SCALES[0] <= value <= TEXT_SCALES[-1]
     if key == "sampling":
         return False  # a dict is merged key by key above; anything else is not sampling settings
     return isinstance(value, str) and bool(value)

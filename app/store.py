@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE conversations (
@@ -45,6 +45,15 @@ MIGRATIONS: dict[int, str] = {
         error TEXT
     );
     CREATE INDEX messages_by_conversation ON messages(conversation_id, parent_id);
+    """,
+    2: """
+    CREATE TABLE personas (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE COLLATE NOCASE,
+        system_prompt TEXT NOT NULL,
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
     """,
 }
 
@@ -237,6 +246,36 @@ class Store:
             (pattern, pattern, limit),
         ).fetchall()
         return [(self.conversation(r["cid"]), self.message(r["mid"])) for r in rows]
+
+    # -- the user's personas (named system prompts) -----------------------------------------------------
+
+    def personas(self) -> list[tuple[str, str]]:
+        """(name, system prompt) of every persona the user saved, by name."""
+        rows = self._db.execute("SELECT name, system_prompt FROM personas ORDER BY name COLLATE NOCASE")
+        return [(r["name"], r["system_prompt"]) for r in rows]
+
+    def save_persona(self, name: str, system_prompt: str) -> None:
+        """Add a persona, or replace the prompt of the one with this name (names ignore case)."""
+        now = time.time()
+        self._db.execute(
+            "INSERT INTO personas (name, system_prompt, created, updated) VALUES (?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET system_prompt = excluded.system_prompt, updated = excluded.updated",
+            (name, system_prompt, now, now))
+
+    def rename_persona(self, old: str, new: str) -> None:
+        """Rename a persona; the chats that use it follow."""
+        with self.transaction():
+            if self._db.execute("UPDATE personas SET name = ?, updated = ? WHERE name = ?",
+                                (new, time.time(), old)).rowcount == 0:
+                raise KeyError(old)
+            self._db.execute("UPDATE conversations SET preset = ? WHERE preset = ?", (new, old))
+
+    def delete_persona(self, name: str) -> None:
+        """Delete a persona; the chats that used it keep its system prompt, as a custom one."""
+        with self.transaction():
+            if self._db.execute("DELETE FROM personas WHERE name = ?", (name,)).rowcount == 0:
+                raise KeyError(name)
+            self._db.execute("UPDATE conversations SET preset = NULL WHERE preset = ?", (name,))
 
     # -- internals ----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Light and dark themes (Fusion with a palette), following the system unless the user chose one."""
+"""Light and dark themes (Fusion with a palette), following the system (live) unless the user chose one."""
 
 from __future__ import annotations
 
@@ -17,6 +17,24 @@ DARK = {
 
 def system_prefers_dark() -> bool:
     return QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+
+
+def follow_system_scheme(callback) -> bool:
+    """Call ``callback()`` whenever the desktop switches between light and dark; False where Qt can't tell."""
+    signal = getattr(QGuiApplication.styleHints(), "colorSchemeChanged", None)  # Qt >= 6.5
+    if signal is None:
+        return False
+    signal.connect(callback)
+    return True
+
+
+def stop_following_system_scheme(callback) -> None:
+    signal = getattr(QGuiApplication.styleHints(), "colorSchemeChanged", None)
+    if signal is not None:
+        try:
+            signal.disconnect(callback)
+        except (RuntimeError, TypeError):  # never connected, or Qt already dropped it
+            pass
 
 
 def is_dark(choice: str) -> bool:

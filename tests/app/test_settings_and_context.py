@@ -38,9 +38,12 @@ def test_new_chats_start_with_the_default_persona_and_sampling(window, qloop, st
     assert "Persona: Helpful assistant" in window.persona_button.text()
 
 
-def test_chat_settings_dialog_choose_preset_then_customise(qtbot):
+def test_chat_settings_dialog_choose_preset_then_customise(qtbot, store):
+    from app.personas import Personas
+
     presets = load_presets()
-    dialog = ChatSettingsDialog(presets, "Helpful assistant", presets[0].system_prompt, DEFAULTS["sampling"])
+    dialog = ChatSettingsDialog(Personas(store, presets), "Helpful assistant", presets[0].system_prompt,
+                                DEFAULTS["sampling"])
     qtbot.addWidget(dialog)
     dialog.preset.setCurrentText("Concise")
     assert dialog.prompt.toPlainText() == next(p.system_prompt for p in presets if p.name == "Concise")

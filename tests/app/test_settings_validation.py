@@ -60,9 +60,11 @@ def test_settings_are_saved_readable_by_the_user_only(tmp_path):
     assert (tmp_path / "config").stat().st_mode & 0o777 == 0o700
 
 
-def test_the_chat_settings_dialog_opens_on_bad_stored_values(qtbot):
+def test_the_chat_settings_dialog_opens_on_bad_stored_values(qtbot, store):
+    from app.personas import Personas
+
     bad = {**DEFAULTS["sampling"], "temperature": "hot", "top_k": [2], "seed": "lucky"}
-    dialog = ChatSettingsDialog(load_presets(), None, "", bad)
+    dialog = ChatSettingsDialog(Personas(store, load_presets()), None, "", bad)
     qtbot.addWidget(dialog)
     values = dialog.result_values()["settings"]
     assert values["temperature"] == DEFAULTS["sampling"]["temperature"] and values["top_k"] == 0

@@ -100,10 +100,11 @@ def test_older_databases_are_migrated_forward(tmp_path, monkeypatch):
     old = Store(path)
     conv = old.create_conversation("kept across the upgrade")
     old.close()
-    monkeypatch.setitem(store_module.MIGRATIONS, 2, "ALTER TABLE conversations ADD COLUMN colour TEXT")
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
+    following = SCHEMA_VERSION + 1
+    monkeypatch.setitem(store_module.MIGRATIONS, following, "ALTER TABLE conversations ADD COLUMN colour TEXT")
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", following)
     upgraded = Store(path)
-    assert upgraded.schema_version == 2
+    assert upgraded.schema_version == following
     assert upgraded.conversation(conv.id).title == "kept across the upgrade"
     columns = [row[1] for row in upgraded._db.execute("PRAGMA table_info(conversations)")]
     assert "colour" in columns
@@ -139,10 +140,11 @@ def test_migrations_keep_semicolons_inside_strings_and_triggers(tmp_path, monkey
     END;
     INSERT INTO notes (id) VALUES (1);
     """
-    monkeypatch.setitem(store_module.MIGRATIONS, 2, migration)
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
+    following = SCHEMA_VERSION + 1
+    monkeypatch.setitem(store_module.MIGRATIONS, following, migration)
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", following)
     upgraded = Store(tmp_path / "kvasir.db")
-    assert upgraded.schema_version == 2
+    assert upgraded.schema_version == following
     assert upgraded._db.execute("SELECT body FROM notes").fetchone()[0] == "a; b"
     assert [r[0] for r in upgraded._db.execute("SELECT what FROM log")] == ["added; one", "added; two"]
     upgraded.close()
@@ -161,12 +163,13 @@ def test_a_failed_migration_leaves_the_old_version(tmp_path, monkeypatch):
 
     path = tmp_path / "kvasir.db"
     Store(path).close()
-    monkeypatch.setitem(store_module.MIGRATIONS, 2, "CREATE TABLE ok (x); CREATE TABLE broken (;")
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
+    following = SCHEMA_VERSION + 1
+    monkeypatch.setitem(store_module.MIGRATIONS, following, "CREATE TABLE ok (x); CREATE TABLE broken (;")
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", following)
     with pytest.raises(sqlite3.Error):
         Store(path)
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'ok'").fetchone()[0] == 0
     db.close()
 
@@ -203,3 +206,40 @@ def test_an_existing_world_readable_database_is_made_private(tmp_path):
     os.chmod(path, 0o644)
     Store(path).close()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_version_1_database_gains_the_personas_table_and_keeps_its_chats(tmp_path):
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    from app.store import MIGRATIONS, split_statements
+
+    for statement in split_statements(MIGRATIONS[1]):
+        db.execute(statement)
+    db.execute("INSERT INTO conversations (title, created, updated, preset) VALUES ('old chat', 1, 1, 'Concise')")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    upgraded = Store(path)
+    assert upgraded.schema_version >= 2 and upgraded.personas() == []
+    assert [(c.title, c.preset) for c in upgraded.conversations()] == [("old chat", "Concise")]
+    upgraded.save_persona("Pirate", "Talk like a pirate.")
+    assert upgraded.personas() == [("Pirate", "Talk like a pirate.")]
+    upgraded.close()
+
+
+def test_personas_are_saved_renamed_and_deleted_with_the_chats_that_use_them(store):
+    store.save_persona("Pirate", "Arr.")
+    store.save_persona("Butler", "Very good, sir.")
+    store.save_persona("pirate", "Arr, matey.")  # names ignore case: this replaces the prompt
+    assert store.personas() == [("Butler", "Very good, sir."), ("Pirate", "Arr, matey.")]
+    chat = store.create_conversation("sea", system_prompt="Arr, matey.", preset="Pirate")
+    store.rename_persona("Pirate", "Captain")
+    assert store.conversation(chat.id).preset == "Captain"
+    with pytest.raises(sqlite3.IntegrityError):
+        store.rename_persona("Butler", "captain")
+    store.delete_persona("Captain")
+    again = store.conversation(chat.id)
+    assert (again.preset, again.system_prompt) == (None, "Arr, matey.")  # the chat keeps its prompt
+    with pytest.raises(KeyError):
+        store.delete_persona("Captain")
+    assert store.personas() == [("Butler", "Very good, sir.")]
