@@ -13,7 +13,7 @@ import html
 from enum import Enum
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QFont, QGuiApplication, QTextDocumentFragment
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocumentFragment
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -42,6 +42,12 @@ STATUS_NOTES = {
 }
 LENGTH_NOTE = "Cut at the length limit (Max tokens per reply)."
 FOOTER_SCALE = 0.9  # the numbers under a reply, relative to the text
+# The page's style sheet carries the text size: under a style sheet Qt no longer passes a parent's font down.
+PAGE_STYLE = """
+QWidget {{ font-size: {text:.2f}pt; }}
+QLabel#replyFooter {{ font-size: {small:.2f}pt; }}
+QFrame#userMessage {{ background: palette(alternate-base); border-radius: 10px; }}
+"""
 
 
 class MessageAction(Enum):
@@ -156,8 +162,8 @@ class MessageWidget(QFrame):
         self.body.setSpacing(6)
         self.footer = QLabel()
         self.footer.setWordWrap(True)
+        self.footer.setObjectName("replyFooter")
         self.footer.setStyleSheet("color: #888888;")
-        self.footer.setFont(view.small_font)
         self.actions_row = QWidget()
         self.buttons = QHBoxLayout(self.actions_row)
         self.buttons.setContentsMargins(0, 0, 0, 0)
@@ -359,7 +365,6 @@ class ChatView(QScrollArea):
         self.renderer = MarkdownRenderer()
         self.page = _Page()
         self.page.setObjectName("transcript")
-        self.page.setStyleSheet("QFrame#userMessage { background: palette(alternate-base); border-radius: 10px; }")
         self.column = QVBoxLayout(self.page)
         # no minimum height from the labels' narrow-width guesses: the scroll area sizes the page by its
         # height for the real width, so nothing blank is left under the last message
@@ -368,7 +373,6 @@ class ChatView(QScrollArea):
         self.column.setSpacing(6)
         self.earlier = QPushButton("Show earlier messages")
         self.earlier.clicked.connect(self._show_earlier)
-        self.small_font = QFont(self.font())
         self._base_point_size = self.font().pointSizeF() if self.font().pointSizeF() > 0 else 10.0
         self._chain: list[int] = []  # the widgets after the view in the tab order, as last chained
         self.column.addWidget(self.earlier, 0, Qt.AlignHCenter)
@@ -404,13 +408,9 @@ class ChatView(QScrollArea):
     def set_text_scale(self, percent: int) -> None:
         """Messages and code blocks at ``percent`` of the normal text size (the numbers under replies a little
         smaller)."""
-        font = QFont(self.page.font())
-        font.setPointSizeF(self._base_point_size * percent / 100)
-        self.page.setFont(font)
-        self.small_font = QFont(font)
-        self.small_font.setPointSizeF(font.pointSizeF() * FOOTER_SCALE)
-        for widget in self._widgets.values():
-            widget.footer.setFont(self.small_font)
+        size = self._base_point_size * percent / 100
+        if self.page.styleSheet() != (style := PAGE_STYLE.format(text=size, small=size * FOOTER_SCALE)):
+            self.page.setStyleSheet(style)
 
     def show_thread(self, messages: list[Message], streaming: dict[int, str] | None = None,
                     versions: dict[int, tuple[int, int]] | None = None, skipped: int = 0) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QFont, QKeySequence
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 EDIT_LINES = 3  # the box shows this many lines of text at any text size
@@ -15,6 +15,14 @@ class MessageEdit(QPlainTextEdit):
     """A text box whose Enter submits (Shift+Enter inserts a line break)."""
 
     submitted = Signal()
+
+    def event(self, event) -> bool:
+        # With nothing typed to undo, Ctrl+Z is the window's: it brings back the chat just deleted.
+        if event.type() == QEvent.ShortcutOverride and event.matches(QKeySequence.Undo) \
+                and not self.document().isUndoAvailable():
+            event.ignore()
+            return False
+        return super().event(event)
 
     def keyPressEvent(self, event) -> None:
         if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not event.modifiers() & Qt.ShiftModifier:

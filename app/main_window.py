@@ -11,12 +11,15 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QInputDialog,
     QMainWindow,
     QMessageBox,
     QPushButton,
+    QScrollArea,
     QSplitter,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -98,8 +101,16 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.chat, 1)
         center_layout.addWidget(self.composer)
         self.panel = EnginePanel()
+        self.panel_area = QScrollArea()  # the panel is taller than a laptop's screen: it scrolls, the window fits
+        self.panel_area.setWidget(self.panel)
+        self.panel_area.setWidgetResizable(True)
+        self.panel_area.setFrameShape(QFrame.NoFrame)
+        self.panel_area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.panel_area.setMinimumWidth(self.panel.minimumSize().expandedTo(self.panel.minimumSizeHint()).width()
+                                        + self.panel_area.verticalScrollBar().sizeHint().width())
+        self.panel_area.setFocusPolicy(Qt.NoFocus)
         self.splitter = QSplitter(Qt.Horizontal)
-        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panel, 0)):
+        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panel_area, 0)):
             self.splitter.addWidget(widget)
             self.splitter.setStretchFactor(self.splitter.indexOf(widget), stretch)
         self.splitter.setSizes([230, 650, 300])
@@ -121,6 +132,8 @@ class MainWindow(QMainWindow):
                  self.sidebar.new_button, self.sidebar.search, self.sidebar.view, self.persona_button,
                  self.banner.choose, self.banner.restart, self.chat, self.composer.edit, self.composer.button,
                  self.panel, self.undo_button]
+        self.panel.setFocusPolicy(Qt.TabFocus)  # read-only, but a stop of its own for the keyboard and readers
+        self.panel.setAccessibleName("Engine panel")
         for first, second in zip(chain, chain[1:]):
             QWidget.setTabOrder(first, second)
 
@@ -158,6 +171,9 @@ class MainWindow(QMainWindow):
             menus[command.menu].addAction(action)
             self.addAction(action)
             self.commands[command.name] = action
+        more = self.menuBar().findChild(QToolButton, "qt_menubar_ext_button")  # shown when the menus don't fit
+        if more is not None:
+            more.setAccessibleName("More menus")
         panel = self.commands["toggle_panel"]
         panel.setChecked(self.model_bar.panel_button.isChecked())
         self.model_bar.panel_button.toggled.connect(panel.setChecked)
@@ -185,7 +201,7 @@ class MainWindow(QMainWindow):
         self.bridge.engine_failed.connect(self._engine_failed)
         self.banner.restart_requested.connect(self.restart_engine)
         self.banner.choose_model_requested.connect(self.open_model_manager)
-        self.model_bar.panel_button.toggled.connect(self.panel.setVisible)
+        self.model_bar.panel_button.toggled.connect(self.panel_area.setVisible)
         self.personas.changed.connect(self._update_header)
         self.model_bar.switch_requested.connect(self.switch_model)
 
@@ -471,8 +487,11 @@ class MainWindow(QMainWindow):
         available = self.screen().availableGeometry()
         saved = settings.value("geometry")
         if saved and self.restoreGeometry(saved):
-            if not self.isMaximized() and not self.isFullScreen():
-                self.setGeometry(fit_to_screen(self.geometry(), available))
+            frame, inner = self.frameGeometry(), self.geometry()
+            fitted = fit_to_screen(frame, available)
+            if fitted != frame and not self.isMaximized() and not self.isFullScreen():
+                self.setGeometry(fitted.adjusted(inner.left() - frame.left(), inner.top() - frame.top(),
+                                                 inner.right() - frame.right(), inner.bottom() - frame.bottom()))
         else:
             self.setGeometry(first_start_geometry(available))
         if settings.value("splitter"):

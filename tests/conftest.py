@@ -55,8 +55,10 @@ def private_qt_settings(tmp_path_factory):
     """Window geometry and other QSettings go to a temporary folder, never the user's."""
     from PySide6.QtCore import QSettings
 
+    folder = str(tmp_path_factory.mktemp("qsettings"))
     QSettings.setDefaultFormat(QSettings.IniFormat)
-    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path_factory.mktemp("qsettings")))
+    for kind in (QSettings.IniFormat, QSettings.NativeFormat):  # QSettings("Kvasir", "Kvasir") is the native one
+        QSettings.setPath(kind, QSettings.UserScope, folder)
 
 
 @pytest.fixture(scope="session")
