@@ -118,6 +118,7 @@ class CodeBlock(QFrame):
         self.code = QLabel()
         self.code.setTextFormat(Qt.RichText)
         self.code.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard)
+        self.code.setWordWrap(True)
         header = QHBoxLayout()
         header.setContentsMargins(8, 2, 4, 0)
         header.addWidget(self.language)
@@ -139,7 +140,9 @@ class CodeBlock(QFrame):
         self.copy_button.setToolTip(f"Copy the {what} block")
         self.copy_button.setAccessibleName(f"Copy the {what} block")
         self.code.setAccessibleName(f"{what} block" if segment.language else "Code block")
-        self.code.setText(f'<pre style="margin: 0 8px; font-family: monospace;">{segment.highlighted}</pre>')
+        # long lines wrap rather than run past the block's edge, where they were cut off; Copy gives them whole
+        self.code.setText(f'<pre style="margin: 0 8px; font-family: monospace; white-space: pre-wrap;">'
+                          f'{segment.highlighted}</pre>')
         if dark != self.dark:  # the theme changed: the background follows the highlighting's colours
             self.dark = dark
             self.setStyleSheet(f"QFrame#codeBlock {{ background: {'#272822' if dark else '#f4f4f4'}; "

@@ -99,7 +99,7 @@ class ShortcutsDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(self.table)
         layout.addWidget(buttons)
-        self.resize(640, 600)
+        self.resize(760, 600)
 
     def _add_group(self, title: str, rows: list[tuple[str, str, str]]) -> None:
         group = QTreeWidgetItem(self.table, [title])

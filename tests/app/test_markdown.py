@@ -81,3 +81,19 @@ def test_the_copy_button_puts_exactly_the_code_in_the_clipboard(qtbot):
     block.copy_button.setFocus()
     qtbot.keyClick(block.copy_button, Qt.Key_Space)  # and from the keyboard
     assert QGuiApplication.clipboard().text() == code
+
+
+def test_a_long_code_line_wraps_inside_its_block_rather_than_being_cut(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(500, 400)
+    view.show()
+    line = "values = [" + ", ".join(str(i) for i in range(120)) + "]"
+    view.show_thread([Message(1, 1, None, "assistant", f"```python\n{line}\n```", 0.0)])
+    (block,) = view.message_widget(1).findChildren(CodeBlock)
+    qtbot.waitUntil(lambda: block.isVisible() and view.page.width() == view.viewport().width())
+    qtbot.waitUntil(lambda: block.mapTo(view.page, block.rect().topRight()).x() < view.page.width())
+    right = block.code.mapTo(view.page, block.code.rect().topRight()).x()
+    assert right < view.page.width() and block.code.minimumSizeHint().width() < view.page.width()
+    assert block.code.height() > 3 * block.code.fontMetrics().lineSpacing()  # the line goes on below, whole
+    assert block.source == line + "\n"  # Copy still gives the one line
