@@ -47,6 +47,9 @@ PAGE_STYLE = """
 QWidget {{ font-size: {text:.2f}pt; }}
 QLabel#replyFooter {{ font-size: {small:.2f}pt; }}
 QFrame#userMessage {{ background: palette(alternate-base); border-radius: 10px; }}
+QToolButton {{ padding: 2px 6px; border: 1px solid transparent; border-radius: 4px; }}
+QToolButton:hover {{ border-color: palette(mid); }}
+QToolButton:focus {{ border: 2px solid palette(highlight); }}
 """
 
 
@@ -406,6 +409,11 @@ class ChatView(QScrollArea):
 
     def set_dark(self, dark: bool) -> None:
         self.renderer.dark = dark
+        # A style sheet takes the palette when it is applied: set it again, or the page keeps the old theme's
+        # background and the buttons' new text colour lands on it (light on light).
+        style = self.page.styleSheet()
+        self.page.setStyleSheet("")
+        self.page.setStyleSheet(style)
         self._render()
 
     def set_text_scale(self, percent: int) -> None:

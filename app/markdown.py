@@ -14,6 +14,8 @@ from pygments.util import ClassNotFound
 
 _DARK_STYLE, _LIGHT_STYLE = "monokai", "friendly"
 SAFE_SCHEMES = ("http", "https", "mailto")  # the only links model text may carry; the rest show as plain text
+# Links carry their colour: Qt fixes a link's colour when the HTML is read, so a theme change must change the HTML.
+LINK_COLOURS = {False: "#1a5fb4", True: "#8ab4f8"}
 
 
 def is_safe_link(url: str) -> bool:
@@ -88,7 +90,10 @@ class MarkdownRenderer:
         # Model text must not reach other URL handlers (files, custom schemes): such links keep their text only.
         safe = is_safe_link(tokens[idx].attrGet("href") or "")
         self._dropped_links.append(not safe)
-        return renderer.renderToken(tokens, idx, options, env) if safe else ""
+        if not safe:
+            return ""
+        tokens[idx].attrSet("style", f"color: {LINK_COLOURS[self.dark]};")
+        return renderer.renderToken(tokens, idx, options, env)
 
     def _link_close(self, renderer, tokens, idx, options, env) -> str:
         dropped = self._dropped_links.pop() if self._dropped_links else False

@@ -37,7 +37,8 @@ def test_tables_get_borders_qt_can_draw(md):
 def test_links_are_kept_only_when_safe_and_html_is_shown_as_text(md):
     page = md.render("[docs](https://example.com) [mail](mailto:a@b.c) [bad](javascript:alert(1)) "
                      "[file](file:///etc/passwd) <b>bold</b> ![cat](https://x/cat.png)")
-    assert '<a href="https://example.com">docs</a>' in page and '<a href="mailto:a@b.c">mail</a>' in page
+    assert '<a href="https://example.com" style="color: #1a5fb4;">docs</a>' in page
+    assert '<a href="mailto:a@b.c" style="color: #1a5fb4;">mail</a>' in page
     assert page.count("<a ") == 2 and 'href="javascript' not in page and 'href="file' not in page
     assert "bad" in page and "file" in page  # the text stays, as text
     assert "&lt;b&gt;bold&lt;/b&gt;" in page and "<b>" not in page
