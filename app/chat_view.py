@@ -215,9 +215,11 @@ class MessageWidget(QFrame):
         elif not skipped and effect is not None:
             self.setGraphicsEffect(None)
 
-    def show_text(self, text: str) -> None:
-        """The body: plain text for the user's messages, Markdown for replies; widgets reused where they fit."""
+    def show_text(self, text: str) -> bool:
+        """The body: plain text for the user's messages, Markdown for replies; widgets reused where they fit.
+        True when its widgets changed (a code block began or ended), so the tab order must be redone."""
         self.text = text
+        before = len(self._segments), [type(w) for w in self._segments]
         if self.message.role == "user":
             pieces: list = [text]
         else:
@@ -237,6 +239,7 @@ class MessageWidget(QFrame):
             if wanted is _Text and widget.text() != piece:
                 widget.setText(piece)
         self._drop_segments(len(pieces))
+        return before != (len(self._segments), [type(w) for w in self._segments])
 
     def _drop_segments(self, keep: int) -> None:
         for widget in self._segments[keep:]:
@@ -527,12 +530,14 @@ class ChatView(QScrollArea):
         self.notice.setVisible(bool(self.notice.text()))
 
     def _render_streaming(self) -> None:
+        changed = False
         for message_id in self._dirty:
             widget = self._widgets.get(message_id)
             if widget is not None and message_id in self._streaming:
-                widget.show_text(self._streaming[message_id])
+                changed = widget.show_text(self._streaming[message_id]) or changed
         self._dirty.clear()
-        self._chain_focus()  # a new code block's Copy button joins the tab order where it shows
+        if changed:
+            self._chain_focus()  # a new code block's Copy button joins the tab order where it shows
 
     def _show_earlier(self) -> None:
         bar = self.verticalScrollBar()

@@ -198,3 +198,27 @@ def test_a_users_message_actions_are_buttons_in_the_tab_order(qtbot, text):
     view.show_thread(a_thread_with_everything())
     button = view.message_widget(1).button(text)
     assert button in view.focusables() and button.focusPolicy() & Qt.TabFocus
+
+
+def test_a_code_block_that_appears_while_streaming_joins_the_tab_order_in_place(qtbot):
+    from app.chat_view import CodeBlock
+    from app.composer import Composer
+
+    box = QWidget()
+    qtbot.addWidget(box)
+    from PySide6.QtWidgets import QVBoxLayout
+
+    layout = QVBoxLayout(box)
+    view, composer = ChatView(), Composer()
+    layout.addWidget(view)
+    layout.addWidget(composer)
+    box.show()
+    live = Message(2, 1, 1, "assistant", "", 1.0, status="partial")
+    view.show_thread([Message(1, 1, None, "user", "code?", 0.0), live], {2: "Here:"})
+    view.update_streaming(2, "Here:\n\n```python\nprint(1)\n```\n\nand more")
+    qtbot.waitUntil(lambda: bool(view.message_widget(2).findChildren(CodeBlock)))
+    (block,) = view.message_widget(2).findChildren(CodeBlock)
+    order = [view.nextInFocusChain()]
+    while order[-1] is not view:
+        order.append(order[-1].nextInFocusChain())
+    assert order.index(block.copy_button) < order.index(composer.edit)  # before the composer, not after it
