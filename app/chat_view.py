@@ -13,7 +13,13 @@ import html
 from enum import Enum
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocumentFragment
+from PySide6.QtGui import (
+    QAccessible,
+    QAccessibleAnnouncementEvent,
+    QDesktopServices,
+    QGuiApplication,
+    QTextDocumentFragment,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -79,6 +85,17 @@ def stats_line(message: Message) -> str:
     if s.get("queue_time_s") is not None:
         parts.append(f"queued {s['queue_time_s'] * 1000:.0f} ms")
     return " · ".join(parts)
+
+
+def finished_announcement(message: Message) -> str:
+    """What a screen reader says when a reply ends: how it ended, and its length."""
+    if message.status == "error":
+        return f"The reply failed: {message.error or 'no reason given'}"
+    ended = {"stopped": "Reply stopped", "partial": "Reply interrupted"}.get(message.status, "Reply finished")
+    if was_cut(message):
+        ended = "Reply cut at the length limit; Continue writes on"
+    tokens = message.stats.get("output_tokens")
+    return f"{ended}, {tokens} tokens" if tokens else ended
 
 
 def was_cut(message: Message) -> bool:
@@ -258,6 +275,7 @@ class MessageWidget(QFrame):
             parts = [p for p in (stats_line(message) if not live else "", note) if p]
         self.footer.setText(" · ".join(parts))
         self.footer.setVisible(bool(parts))
+        self.setAccessibleDescription(self.footer.text())
 
     def _show_buttons(self, message: Message, live: bool, version: tuple[int, int] | None, last: bool) -> None:
         while self.buttons.count():
@@ -384,6 +402,7 @@ class ChatView(QScrollArea):
         self.earlier.clicked.connect(self._show_earlier)
         self._base_point_size = self.font().pointSizeF() if self.font().pointSizeF() > 0 else 10.0
         self._chain: list[int] = []  # the widgets after the view in the tab order, as last chained
+        self.last_announcement = ""
         self.column.addWidget(self.earlier, 0, Qt.AlignHCenter)
         self.notice = QLabel("")
         self.notice.setAlignment(Qt.AlignCenter)
@@ -464,6 +483,11 @@ class ChatView(QScrollArea):
 
     def ask(self, action: MessageAction, message_id: int) -> None:
         self.action.emit(action, message_id)
+
+    def announce(self, text: str) -> None:
+        """Have a screen reader say ``text`` (a reply ended) without moving the focus."""
+        self.last_announcement = text
+        QAccessible.updateAccessibility(QAccessibleAnnouncementEvent(self, text))
 
     # -- drawing -----------------------------------------------------------------------------------------
 

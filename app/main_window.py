@@ -29,7 +29,7 @@ from engine import EngineConfig, EngineStats, ModelLibrary
 from .bridge import ChatEngine
 from .chat_controller import ChatController
 from .chat_settings import ChatSettingsDialog, PreferencesDialog
-from .chat_view import ChatView, MessageAction
+from .chat_view import ChatView, MessageAction, finished_announcement
 from .composer import Composer
 from .conversation_actions import ConversationActions, Overflow
 from .conversation_list import ChatAction, ConversationSidebar
@@ -429,6 +429,7 @@ class MainWindow(QMainWindow):
     def _reply_finished(self, conversation_id: int, message: Message) -> None:
         if conversation_id == self.current:
             self.composer.set_generating(False)
+            self.chat.announce(finished_announcement(message))
 
     def _loaded(self, stats: EngineStats) -> None:
         self.tokens.forget()  # another model reads another number of tokens

@@ -222,3 +222,21 @@ def test_a_code_block_that_appears_while_streaming_joins_the_tab_order_in_place(
     while order[-1] is not view:
         order.append(order[-1].nextInFocusChain())
     assert order.index(block.copy_button) < order.index(composer.edit)  # before the composer, not after it
+
+
+def test_a_screen_reader_hears_when_the_reply_ends_and_reads_its_numbers(window, qloop):
+    message = qloop.run_until_complete(window.send("hello"))
+    assert window.chat.last_announcement == f"Reply finished, {len(window.bridge.words)} tokens"
+    reply = window.chat.message_widget(message.id)
+    assert reply.accessibleName() == "Reply" and reply.accessibleDescription().startswith("TTFT 50 ms")
+
+
+def test_the_announcement_says_how_the_reply_ended():
+    from app.chat_view import finished_announcement
+
+    assert finished_announcement(Message(2, 1, 1, "assistant", "x", 1.0, status="stopped",
+                                         stats={"output_tokens": 3})) == "Reply stopped, 3 tokens"
+    assert finished_announcement(Message(2, 1, 1, "assistant", "", 1.0, status="error",
+                                         error="out of memory")) == "The reply failed: out of memory"
+    cut = Message(2, 1, 1, "assistant", "x", 1.0, stats={"finish_reason": "length", "output_tokens": 64})
+    assert finished_announcement(cut) == "Reply cut at the length limit; Continue writes on, 64 tokens"

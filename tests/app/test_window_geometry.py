@@ -94,3 +94,11 @@ def test_the_window_renders_at_the_screens_scale_factor(tmp_path):
     assert result["policy"] == "PassThrough"
     assert result["ratio"] == float(factor)  # 1.5 stays 1.5: not rounded to 2 (too big) or 1 (too small)
     assert result["image"] == [round(result["logical"][0] * float(factor)), round(result["logical"][1] * float(factor))]
+
+
+def test_the_window_fits_a_small_laptop_screen(window):
+    """1366 x 768, less a panel: nothing in the window may need more (the engine panel scrolls instead)."""
+    need = window.minimumSizeHint().expandedTo(window.minimumSize())
+    assert need.width() <= 1366 and need.height() <= 700, need
+    window.resize(1280, 680)
+    assert window.panel_area.isVisible() and window.panel_area.verticalScrollBar().maximum() > 0
