@@ -240,3 +240,21 @@ def test_the_announcement_says_how_the_reply_ended():
                                          error="out of memory")) == "The reply failed: out of memory"
     cut = Message(2, 1, 1, "assistant", "x", 1.0, stats={"finish_reason": "length", "output_tokens": 64})
     assert finished_announcement(cut) == "Reply cut at the length limit; Continue writes on, 64 tokens"
+
+
+@pytest.mark.parametrize("message_id, text, action", [
+    (1, "Edit", "edit"), (1, "‹", "previous"), (1, "›", "next"),
+    (2, "Continue", "continue"), (2, "Regenerate", "regenerate"),
+])
+def test_every_message_action_works_from_the_keyboard(qtbot, message_id, text, action):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.show()
+    view.show_thread(a_thread_with_everything(), versions={1: (2, 3)})
+    asked = []
+    view.action.connect(lambda kind, mid: asked.append((kind.value, mid)))
+    button = view.message_widget(message_id).button(text)
+    assert button in view.focusables()
+    button.setFocus()
+    qtbot.keyClick(button, Qt.Key_Space)
+    assert asked == [(action, message_id)]
