@@ -20,10 +20,9 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from .personas import PersonaError, Personas
+from .personas import CUSTOM, PersonaError, Personas
 from .settings import DEFAULTS, TEXT_SCALES, Preset, sampling_problems, valid_sampling
 
-CUSTOM = "Custom"
 DESCRIPTIONS = {  # what each sampling setting does, for tooltips and screen readers
     "temperature": "Higher values make replies more varied, lower ones more predictable; 0 always picks the "
                    "likeliest word.",

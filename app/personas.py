@@ -10,6 +10,7 @@ from .settings import DEFAULTS, Preset, Settings
 from .store import Store
 
 MAX_NAME_LENGTH = 60
+CUSTOM = "Custom"  # what the chat settings call a prompt for one chat alone: no persona may take the name
 
 
 class PersonaError(ValueError):
@@ -80,6 +81,8 @@ class Personas(QObject):
             raise PersonaError("A persona needs a name.")
         if len(name) > MAX_NAME_LENGTH:
             raise PersonaError(f"A persona's name can be at most {MAX_NAME_LENGTH} characters long.")
+        if name.casefold() == CUSTOM.casefold():
+            raise PersonaError(f"“{CUSTOM}” is reserved for a chat's own prompt; choose another name.")
         taken = next((p for p in self.all() if p.name.casefold() == name.casefold()), None)
         if taken is not None and taken.builtin:
             raise PersonaError(f"“{taken.name}” is a built-in persona; choose another name.")

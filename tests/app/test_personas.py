@@ -26,7 +26,7 @@ def test_own_personas_follow_the_built_in_ones_and_say_when_they_change(personas
 
 
 @pytest.mark.parametrize("name, reason", [("", "needs a name"), ("   ", "needs a name"), ("x" * 61, "at most 60"),
-                                          ("helpful ASSISTANT", "built-in")])
+                                          ("helpful ASSISTANT", "built-in"), ("custom", "reserved")])
 def test_a_name_that_cant_be_used_is_refused_with_the_reason(personas, name, reason):
     with pytest.raises(PersonaError, match=reason):
         personas.save(name, "prompt")
