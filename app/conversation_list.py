@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt, Signal
+from PySide6.QtCore import QAbstractListModel, QEvent, QModelIndex, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QLineEdit, QListView, QMenu, QPushButton, QVBoxLayout, QWidget
 
@@ -107,12 +107,27 @@ class ConversationSidebar(QWidget):
             layout.addWidget(widget)
         self.new_button.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.model.set_search)
+        self.search.returnPressed.connect(self._open_first_match)
+        self.search.installEventFilter(self)  # Down moves from the search into the list
         self.view.clicked.connect(self._chosen)
         self.view.activated.connect(self._chosen)
         self.model.modelReset.connect(self._keep_selection)
         # F2 is the window's (its Chat menu acts on the highlighted row while the list has focus)
         delete = QShortcut(QKeySequence(Qt.Key_Delete), self.view, context=Qt.WidgetShortcut)
         delete.activated.connect(lambda: self.act_on_highlighted(ChatAction.DELETE))
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.search and event.type() == QEvent.KeyPress and event.key() == Qt.Key_Down \
+                and self.model.rowCount():
+            self.view.setFocus()
+            self.view.setCurrentIndex(self.model.index(0))
+            return True
+        return super().eventFilter(watched, event)
+
+    def _open_first_match(self) -> None:
+        """Enter in the search opens the first chat it found."""
+        if self.model.rowCount():
+            self._chosen(self.model.index(0))
 
     def select(self, conversation_id: int) -> None:
         self.current = conversation_id

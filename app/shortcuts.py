@@ -58,6 +58,9 @@ COMMANDS = (
 IN_PLACE = (
     ("Send the message", "Enter", "in the message box"),
     ("New line in the message", "Shift+Enter", "in the message box"),
+    ("Open the first chat found", "Enter", "in the search"),
+    ("Go to the list of chats", "Down", "in the search"),
+    ("Open the chat", "Enter", "in the chat list"),
     ("Rename chat", "F2", "in the chat list"),
     ("Delete chat", "Del", "in the chat list"),
     ("All a chat's actions", "Menu", "in the chat list"),

@@ -258,3 +258,21 @@ def test_every_message_action_works_from_the_keyboard(qtbot, message_id, text, a
     button.setFocus()
     qtbot.keyClick(button, Qt.Key_Space)
     assert asked == [(action, message_id)]
+
+
+def test_from_the_search_enter_opens_the_first_match_and_down_moves_into_the_list(qtbot, window, qloop):
+    qloop.run_until_complete(window.send("bananas are yellow"))
+    bananas = window.current
+    window.actions.new()
+    qloop.run_until_complete(window.send("the sky is blue"))
+    qtbot.keyClick(window, Qt.Key_F, Qt.ControlModifier)
+    qtbot.keyClicks(window.sidebar.search, "banana")
+    qtbot.keyClick(window.sidebar.search, Qt.Key_Return)
+    assert window.current == bananas and QApplication.focusWidget() is window.composer.edit
+    window.sidebar.search.clear()
+    window.sidebar.search.setFocus()
+    qtbot.keyClick(window.sidebar.search, Qt.Key_Down)
+    assert QApplication.focusWidget() is window.sidebar.view and window.sidebar.view.currentIndex().row() == 0
+    qtbot.keyClick(window.sidebar.view, Qt.Key_Down)
+    qtbot.keyClick(window.sidebar.view, Qt.Key_Return)
+    assert window.current == window.sidebar.model.index(1).data(Qt.UserRole + 1)
