@@ -1,0 +1,271 @@
+"""The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
+
+Every request goes to the one :class:`AsyncEngine` that ``engines()`` returns at that moment, so API requests
+batch with the window's chats and share their prefix cache, and a model switch in the window is served at once.
+Requests carry the source ``"api"``, which the live panel shows. A client that disconnects aborts its request,
+which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import EngineDeadError
+from ..serving.async_engine import AsyncEngine, RequestStream
+from ..serving.outputs import RequestOutput
+from .config import ApiConfig
+from .errors import ApiError, bad_field, encode, json_response, shown
+from .protocol import ApiRequest, parse_chat, parse_completion
+from .responses import FINISH_REASONS, Reply, model_card
+from .security import AccessGuard
+
+API_SOURCE = "api"  # the request origin the live panel shows as an API request
+MAX_BODY_BYTES = 16 * 1024**2
+EngineSource = Callable[[], AsyncEngine | None]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; its request has been aborted."""
+
+
+def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = None) -> Starlette:
+    """The ASGI app over ``engines`` (an engine, or a function returning the engine that serves now)."""
+    config = config or ApiConfig()
+    routes = OpenAIRoutes(engines if callable(engines) and not isinstance(engines, AsyncEngine) else lambda: engines)
+    return Starlette(
+        routes=[
+            Route("/v1/models", routes.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
+            Route("/v1/chat/completions", routes.chat, methods=["POST"]),
+            Route("/v1/completions", routes.complete, methods=["POST"]),
+        ],
+        middleware=[Middleware(AccessGuard, config=config)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+    )
+
+
+class OpenAIRoutes:
+    """The endpoints, over whichever engine serves when a request arrives."""
+
+    def __init__(self, engines: EngineSource) -> None:
+        self.engines = engines
+        self.created = int(time.time())
+
+    async def list_models(self, request: Request) -> Response:
+        """The model the engine serves now (one engine serves one model)."""
+        name = self._engine().stats().model_name
+        return json_response({"object": "list", "data": [model_card(name, self.created)]})
+
+    async def get_model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        self._engine(name)
+        return json_response(model_card(name, self.created))
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat(await read_json(request)))
+
+    async def complete(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion(await read_json(request)))
+
+    def _engine(self, model: str | None = None) -> AsyncEngine:
+        """The serving engine (a 503 while none serves); with ``model``, a 404 unless that is its model."""
+        engine = self.engines()
+        if engine is None:
+            raise ApiError(503, "no model is loaded yet; try again once it has loaded", code="model_not_loaded")
+        if not engine.alive:
+            raise ApiError(503, f"the engine has stopped: {engine.failure}", code="engine_stopped")
+        served = engine.stats().model_name
+        if model is not None and model != served:
+            raise ApiError(404, f"The model {shown(model, 80)} does not exist; this server serves {served!r} "
+                                "(see GET /v1/models)", param="model", code="model_not_found")
+        return engine
+
+    async def _generate(self, request: Request, api: ApiRequest) -> Response:
+        engine = self._engine(api.model)
+        reply = Reply(api.kind, api.model)
+        stream = await _start(engine, api)
+        try:
+            first = await until_disconnected(request, anext(stream))
+        except ClientGone:
+            return Response(status_code=499)
+        except EngineDeadError as exc:
+            raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
+        if first.finished and first.finish_reason not in FINISH_REASONS:
+            raise failure(first)
+        if api.stream:
+            return EventStream(events(reply, first, stream, api.include_usage), stream)
+        try:
+            final = await until_disconnected(request, _last(first, stream))
+        except ClientGone:
+            return Response(status_code=499)
+        except EngineDeadError as exc:
+            raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
+        if final.finish_reason not in FINISH_REASONS:
+            raise failure(final)
+        return json_response(reply.full(final))
+
+
+async def _start(engine: AsyncEngine, api: ApiRequest) -> RequestStream:
+    """Tokenise the prompt on the engine thread, size ``max_tokens`` to the context, start the request."""
+    try:
+        ids = await engine.run(lambda e: e.encode_prompt(api.prompt))
+    except ValueError as exc:
+        raise bad_field(api.prompt_field, str(exc)) from None
+    except EngineDeadError as exc:
+        raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
+    sampling = api.sampling_params(_max_tokens(engine, api, len(ids)))
+    try:
+        return engine.stream(ids, sampling, source=API_SOURCE)
+    except EngineDeadError as exc:
+        raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
+
+
+def _max_tokens(engine: AsyncEngine, api: ApiRequest, prompt_tokens: int) -> int:
+    """The request's ``max_tokens`` if prompt and reply fit the context, else a 400 saying by how much; when
+    not given, what OpenAI's servers default to (the context left for chat, 16 for completions)."""
+    stats = engine.stats()
+    limit = min(stats.max_model_len, stats.kv_blocks_total * stats.block_size)
+    where = "messages" if api.kind == "chat" else "prompt"
+    if prompt_tokens == 0:
+        raise bad_field(api.prompt_field, f"the {where} are empty once tokenised" if api.kind == "chat"
+                        else "the prompt is empty")
+    if prompt_tokens >= limit:
+        raise bad_field(api.prompt_field,
+                        f"This model's maximum context length is {limit} tokens, but the {where} alone take "
+                        f"{prompt_tokens} tokens, leaving no room for a reply. Please shorten the {where}.",
+                        code="context_length_exceeded")
+    room = limit - prompt_tokens
+    if api.max_tokens is None:
+        return room if api.kind == "chat" else min(room, 16)
+    if api.max_tokens > room:
+        raise bad_field(api.max_tokens_field,
+                        f"This model's maximum context length is {limit} tokens. However, you requested "
+                        f"{prompt_tokens + api.max_tokens} tokens ({prompt_tokens} in the {where}, {api.max_tokens} "
+                        f"in the completion). Please reduce the length of the {where} or the completion.",
+                        code="context_length_exceeded")
+    return api.max_tokens
+
+
+async def read_json(request: Request) -> dict:
+    """The body as a JSON object; a 413 past ``MAX_BODY_BYTES``, a 400 for anything that is not an object."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES // 1024**2} MiB")
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "We could not parse the JSON body of your request. (HINT: This likely means you "
+                            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
+                       code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not a JSON {type(value).__name__}",
+                       code="invalid_json")
+    return value
+
+
+async def until_disconnected(request: Request, work):
+    """The result of ``work``, or :class:`ClientGone` (with ``work`` cancelled) if the client goes first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()  # cancelling a stream's wait aborts its request
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise ClientGone
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _last(first: RequestOutput, stream: RequestStream) -> RequestOutput:
+    out = first
+    while not out.finished:
+        out = await anext(stream)
+    return out
+
+
+async def events(reply: Reply, first: RequestOutput, stream: RequestStream, include_usage: bool) -> AsyncIterator[str]:
+    """The server-sent events of a streamed reply, ending with ``data: [DONE]``; a failure mid-way is sent as
+    an error event (OpenAI's clients raise it), what had arrived stays with the client."""
+    try:
+        if reply.kind == "chat":
+            yield sse(reply.chunk("", first=True, with_usage=include_usage))
+        out = first
+        while True:
+            if out.finished and out.finish_reason not in FINISH_REASONS:
+                yield sse(failure(out).body())
+                break
+            if out.delta_text:
+                yield sse(reply.chunk(out.delta_text, with_usage=include_usage))
+            if out.finished:
+                yield sse(reply.chunk("", out.finish_reason, with_usage=include_usage))
+                if include_usage:
+                    yield sse(reply.usage_chunk(out))
+                break
+            out = await anext(stream)
+    except EngineDeadError as exc:
+        yield sse(ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped").body())
+    finally:
+        stream.abort()  # no-op once finished
+    yield "data: [DONE]\n\n"
+
+
+class EventStream(StreamingResponse):
+    """``text/event-stream`` that aborts its request however the response ends (a client that disconnects
+    cancels the sending task; Starlette watches for it)."""
+
+    def __init__(self, content: AsyncIterator[str], stream: RequestStream) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.stream = stream
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.abort()
+
+
+def sse(body: dict) -> str:
+    return f"data: {encode(body)}\n\n"
+
+
+def failure(out: RequestOutput) -> ApiError:
+    """A request the engine ended without finishing: the model was switched (503) or it failed (500)."""
+    if out.finish_reason == "abort":
+        return ApiError(503, out.error or "the request was stopped by the server", code="request_aborted")
+    return ApiError(500, out.error or "the engine failed on this request", code="engine_error")
+
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404 (no such path) and 405 (wrong method), in OpenAI's shape."""
+    message = {404: f"no such endpoint: {request.method} {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+    return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return ApiError(500, f"the server failed on this request: {type(exc).__name__}: {exc}",
+                    code="server_error").response()
