@@ -12,9 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import API_SOURCE, ApiConfig, ApiConfigError, ApiServer, AsyncEngine, Engine, EngineConfig, SamplingParams
 from engine.api import ServerStartError
+from engine.api.protocol import CHAT_FIELDS, COMPLETION_FIELDS
 
 pytestmark = pytest.mark.timeout(60)  # nothing here may hang the run
 MAX_MODEL_LEN = 512
@@ -193,6 +196,7 @@ def test_api_requests_carry_their_source_to_the_stats(client, model, engine):
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "lone \ud800 surrogate"}]}, "messages"),
     ({"model": None}, "model"),
     ({"bogus_field": 1}, "bogus_field"),
 ])
@@ -392,3 +396,58 @@ def test_the_endpoint_follows_a_model_switch(tiny_model_dirs):
     finally:
         server.stop()
         engine.shutdown()
+
+
+# -- a bounded fuzz of request bodies ----------------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12)
+    | st.sampled_from(["\ud800", "a\udfff", "", "user", "text"]),  # lone surrogates, and words the API knows
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8)
+ENDPOINTS = {"/v1/chat/completions": ("messages", [{"role": "user", "content": "hi"}], CHAT_FIELDS),
+             "/v1/completions": ("prompt", "hi", COMPLETION_FIELDS)}
+
+
+@st.composite
+def requests(draw, model: str):
+    """(path, body): a valid small request with a few of its endpoint's fields (or a stray one) replaced by
+    anything JSON can hold; now and then a body that is anything at all."""
+    path = draw(st.sampled_from(sorted(ENDPOINTS)))
+    prompt_field, prompt, fields = ENDPOINTS[path]
+    if draw(st.integers(0, 9)) == 0:
+        return path, draw(JSON_VALUES)
+    body = {"model": model, "max_tokens": 3, prompt_field: prompt}
+    names = st.sampled_from(sorted(fields | {"nonsense"}))
+    for name in draw(st.lists(names, max_size=3, unique=True)):
+        body[name] = draw(JSON_VALUES)
+    if draw(st.booleans()):
+        body["max_tokens"] = draw(st.integers(1, 4))  # keep accepted requests short
+    return path, body
+
+
+def test_fuzzed_bodies_get_a_reply_or_a_4xx_in_openai_shape_never_a_500(server, model):
+    statuses = []
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(request=requests(model))
+    def check(request):
+        path, body = request
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request("POST", path, body=json.dumps(body).encode())
+        response = connection.getresponse()
+        payload = response.read().decode()
+        connection.close()
+        statuses.append(response.status)
+        assert response.status == 200 or 400 <= response.status < 500, (response.status, payload)
+        if response.status != 200:
+            error = json.loads(payload)["error"]
+            assert isinstance(error["message"], str) and error["message"]
+            assert set(error) == {"message", "type", "param", "code"}
+        elif response.getheader("content-type", "").startswith("text/event-stream"):
+            assert payload.endswith("data: [DONE]\n\n") and '"error"' not in payload
+        else:
+            assert json.loads(payload)["choices"]
+
+    check()
+    assert 200 in statuses and 400 in statuses  # both sides of the checks were reached
