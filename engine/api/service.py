@@ -82,6 +82,11 @@ class ApiServer:
         finally:
             sock.close()
 
+    def wait(self) -> None:
+        """Block until the server stops (Ctrl-C still reaches the caller: the wait wakes twice a second)."""
+        while self.running:
+            self._thread.join(0.5)
+
     def stop(self, timeout: float = GRACEFUL_STOP_S + 3) -> None:
         """Stop listening and end the thread (open streams get ``GRACEFUL_STOP_S`` to finish)."""
         if self._server is not None:
