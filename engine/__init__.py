@@ -10,6 +10,8 @@ This module is the engine's only door: the app and the checks import from ``engi
 """
 
 from .api import API_SOURCE, ApiConfig, ApiConfigError, ApiServer, ServerStartError
+from .api import DEFAULT_HOST as DEFAULT_API_HOST
+from .api import DEFAULT_PORT as DEFAULT_API_PORT
 from .config import AUTO_QUANTIZATION_RULE, DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, UnsupportedModelError
 from .models.fit import FitEstimate
@@ -30,6 +32,8 @@ __all__ = [
     "ApiConfigError",
     "ApiServer",
     "AsyncEngine",
+    "DEFAULT_API_HOST",
+    "DEFAULT_API_PORT",
     "Engine",
     "EngineConfig",
     "EngineDeadError",

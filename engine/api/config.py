@@ -36,10 +36,8 @@ class ApiConfig:
             raise ApiConfigError("the API key must be printable ASCII without spaces (it travels in an HTTP header)")
         object.__setattr__(self, "api_key", key)
         if not self.loopback and key is None:
-            raise ApiConfigError(
-                f"serving on {self.host} lets other machines use the model, so it needs an API key "
-                f"(--api-key, or the {API_KEY_ENV} environment variable; in the app, the API key field); "
-                f"without one, serve on {DEFAULT_HOST} only")
+            raise ApiConfigError(f"serving on {self.host} lets other machines use the model, so it needs an API key; "
+                                 f"without one, serve on {DEFAULT_HOST} only")
 
     @property
     def loopback(self) -> bool:

@@ -41,16 +41,17 @@ class ApiServer:
     and closes the port. One server per instance; make a new one to listen again."""
 
     def __init__(self, engines: EngineSource, config: ApiConfig | None = None, *, access_log: bool = False,
-                 configure_logging: bool = False) -> None:
+                 configure_logging: bool = False, graceful_stop_s: float = GRACEFUL_STOP_S) -> None:
         self.config = config or ApiConfig()
         self.app = create_app(engines, self.config)
         self._uvicorn = uvicorn.Config(
             self.app, lifespan="off", loop="asyncio", http="h11", ws="none", access_log=access_log,
-            log_level="info" if access_log else "warning", timeout_graceful_shutdown=GRACEFUL_STOP_S,
+            log_level="info" if access_log else "warning", timeout_graceful_shutdown=graceful_stop_s,
             log_config=uvicorn.config.LOGGING_CONFIG if configure_logging else None)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
+        self._stop_timeout = graceful_stop_s + 3
 
     @property
     def url(self) -> str:
@@ -87,12 +88,12 @@ class ApiServer:
         while self.running:
             self._thread.join(0.5)
 
-    def stop(self, timeout: float = GRACEFUL_STOP_S + 3) -> None:
-        """Stop listening and end the thread (open streams get ``GRACEFUL_STOP_S`` to finish)."""
+    def stop(self) -> None:
+        """Stop listening and end the thread (open streams get ``graceful_stop_s`` to finish, then are cut)."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(self._stop_timeout)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -184,10 +184,15 @@ def cmd_chat(args) -> int:
 
 def cmd_serve(args) -> int:
     """Listen first (a port in use fails at once), then load the model; requests meanwhile get a 503."""
-    from ..api import API_KEY_ENV, ApiConfig, ApiServer, ServerStartError
+    from ..api import API_KEY_ENV, ApiConfig, ApiConfigError, ApiServer, ServerStartError
     from ..serving.async_engine import AsyncEngine
 
-    api = ApiConfig(args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV))
+    try:
+        api = ApiConfig(args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV))
+    except ApiConfigError as exc:
+        print(f"error: {exc} (give one with --api-key K, or the {API_KEY_ENV} environment variable)",
+              file=sys.stderr)
+        return 2
     serving: list[AsyncEngine] = []
     server = ApiServer(lambda: serving[0] if serving else None, api, access_log=True, configure_logging=True)
     try:
