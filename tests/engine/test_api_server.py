@@ -169,7 +169,7 @@ def test_a_seed_makes_sampling_reproducible(client, model):
 
 def test_api_requests_carry_their_source_to_the_stats(client, model, engine):
     seen = []
-    for _chunk in client.chat.completions.create(model=model, messages=chat("Go on."), max_tokens=40, stream=True,
+    for _chunk in client.chat.completions.create(model=model, messages=chat("Go on."), max_tokens=100, stream=True,
                                                 extra_body={"ignore_eos": True}):
         seen += [r.source for r in engine.stats().requests]
     assert API_SOURCE in seen
@@ -298,7 +298,7 @@ def test_no_engine_yet_is_a_503(model):
 
 def test_eight_concurrent_clients_batch_and_each_gets_its_own_reply(client, model, engine, oracle):
     prompts = [chat(f"Question number {i}?") for i in range(8)]
-    expected = oracle.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    expected = oracle.generate(prompts, SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True))
     batches = []
 
     def record(e):
@@ -314,7 +314,7 @@ def test_eight_concurrent_clients_batch_and_each_gets_its_own_reply(client, mode
     try:
         with ThreadPoolExecutor(8) as pool:
             replies = list(pool.map(lambda m: client.chat.completions.create(
-                model=model, messages=m, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}), prompts))
+                model=model, messages=m, max_tokens=48, temperature=0, extra_body={"ignore_eos": True}), prompts))
     finally:
         engine.call(lambda e: vars(e).pop("step", None)).result()
     assert [r.choices[0].message.content for r in replies] == [e.text for e in expected]
