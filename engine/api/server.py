@@ -1,4 +1,5 @@
-"""The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
+"""The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, and
+``GET /metrics`` (Prometheus).
 
 Every request goes to the one :class:`AsyncEngine` that ``engines()`` returns at that moment, so API requests
 batch with the window's chats and share their prefix cache, and a model switch in the window is served at once.
@@ -17,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import EngineDeadError
@@ -25,6 +26,7 @@ from ..serving.async_engine import AsyncEngine, RequestStream
 from ..serving.outputs import RequestOutput
 from .config import ApiConfig
 from .errors import ApiError, bad_field, encode, json_response, shown
+from .metrics import prometheus_text
 from .protocol import ApiRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, model_card
 from .security import AccessGuard
@@ -48,6 +50,7 @@ def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = N
             Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
             Route("/v1/completions", routes.complete, methods=["POST"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
         ],
         middleware=[Middleware(AccessGuard, config=config)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
@@ -70,6 +73,10 @@ class OpenAIRoutes:
         name = request.path_params["model"]
         self._engine(name)
         return json_response(model_card(name, self.created))
+
+    async def metrics(self, request: Request) -> Response:
+        """The engine's KV usage, queues and prefix-cache counters, for Prometheus and remote panels."""
+        return PlainTextResponse(prometheus_text(self._engine().stats()), media_type="text/plain; version=0.0.4")
 
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, parse_chat(await read_json(request)))

@@ -175,6 +175,29 @@ def test_api_requests_carry_their_source_to_the_stats(client, model, engine):
     assert API_SOURCE in seen
 
 
+
+def test_metrics_expose_kv_usage_and_prefix_cache_counters(server, engine, client, model):
+    for question in ("One?", "Two?"):  # the second reads the first's cached system prompt
+        client.chat.completions.create(model=model, messages=chat(question), max_tokens=1)
+    status, text = raw_text(server, "/metrics")
+    stats = engine.stats()
+    samples = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kvasir:")}
+    assert status == 200 and f'model_name="{stats.model_name}"' in text
+    assert samples["kvasir:kv_cache_usage_perc"] == stats.kv_usage
+    assert samples["kvasir:prefix_cache_hits_total"] == stats.cached_prompt_tokens_total > 0
+    assert samples["kvasir:kv_blocks_total"] == stats.kv_blocks_total
+    assert "# TYPE kvasir:prefix_cache_queries_total counter" in text
+
+
+def raw_text(server: ApiServer, path: str) -> tuple[int, str]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    return response.status, text
+
 # -- errors -----------------------------------------------------------------------------------------------
 
 
