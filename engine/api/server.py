@@ -32,7 +32,7 @@ from .responses import FINISH_REASONS, Reply, model_card
 from .security import AccessGuard
 
 API_SOURCE = "api"  # the request origin the live panel shows as an API request
-MAX_BODY_BYTES = 16 * 1024**2
+MAX_BODY_BYTES = 8 * 1024**2  # far more than any context holds; tokenising it must not stall the engine
 EngineSource = Callable[[], AsyncEngine | None]
 
 

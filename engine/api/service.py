@@ -10,6 +10,7 @@ import errno
 import os
 import socket
 import threading
+import time
 
 import uvicorn
 
@@ -72,9 +73,11 @@ class ApiServer:
         self._server = _Server(self._uvicorn)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name="kvasir-api", daemon=True)
         self._thread.start()
-        if not self._server.ready.wait(START_TIMEOUT_S):
-            self.stop()
-            raise ServerStartError(f"the API server did not start within {START_TIMEOUT_S} s")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.ready.wait(0.05):
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError("the API server stopped while starting (see the log)")
         return self.url
 
     def _serve(self, sock: socket.socket) -> None:
