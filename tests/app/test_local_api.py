@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import socket
 import urllib.error
 import urllib.request
 
+import openai
 import pytest
 
 from app.chat_settings import PreferencesDialog
 from app.settings import DEFAULTS, Settings, load_presets
-from engine import RequestSnapshot
+from engine import EngineConfig, RequestSnapshot
 from tests.helpers.fake_engine import fake_stats
 
 
@@ -125,3 +128,34 @@ def test_the_panel_names_api_requests(qtbot):
                               exclusive_blocks=1, source="api")
     panel.update_stats(fake_stats(requests=(request,)))
     assert "API · areq-7" in panel.requests_label.text()
+
+
+def test_on_the_real_engine_window_and_api_share_it_and_the_api_follows_a_switch(qtbot, qloop, store, tmp_path,
+                                                                                  monkeypatch, tiny_model_dirs):
+    from app.bridge import EngineBridge
+    from app.main_window import MainWindow
+
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
+    bridge = EngineBridge()
+    window = MainWindow(store, bridge)
+    qtbot.addWidget(window)
+    settings = store.conversation(window.current).settings
+    store.update_conversation(window.current, settings={**settings, "temperature": 0.0, "max_tokens": 8})
+    try:
+        with qtbot.wait_signal(bridge.loaded, timeout=120_000):
+            bridge.start(EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", num_kv_blocks=64))
+        answer_preferences(monkeypatch, port=free_port())
+        window.edit_preferences()
+        client = openai.OpenAI(base_url=window.local_api.url, api_key="unused", max_retries=0, timeout=60)
+        ask = functools.partial(client.chat.completions.create, model="llama", max_tokens=6,
+                                messages=[{"role": "user", "content": "hi"}], extra_body={"ignore_eos": True})
+        both = asyncio.gather(window.send("hello"), qloop.run_in_executor(None, ask))
+        message, reply = qloop.run_until_complete(both)
+        assert message.status == "complete" and reply.usage.completion_tokens == 6
+        qloop.run_until_complete(window.switch_model(EngineConfig(model=str(tiny_model_dirs["qwen2"]), device="cpu",
+                                                                  num_kv_blocks=64)))
+        assert served_models(window.local_api.url) == ["qwen2"]
+        assert client.chat.completions.create(**{**ask.keywords, "model": "qwen2"}).model == "qwen2"
+    finally:
+        window.close()
+        bridge.shutdown()
