@@ -43,7 +43,7 @@ class ClientGone(Exception):
 def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = None) -> Starlette:
     """The ASGI app over ``engines`` (an engine, or a function returning the engine that serves now)."""
     config = config or ApiConfig()
-    routes = OpenAIRoutes(engines if callable(engines) and not isinstance(engines, AsyncEngine) else lambda: engines)
+    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines)
     return Starlette(
         routes=[
             Route("/v1/models", routes.list_models, methods=["GET"]),
@@ -53,7 +53,8 @@ def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = N
             Route("/metrics", routes.metrics, methods=["GET"]),
         ],
         middleware=[Middleware(AccessGuard, config=config)],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, EngineDeadError: _engine_stopped,
+                            ClientGone: _client_gone, Exception: _server_error},
     )
 
 
@@ -90,7 +91,7 @@ class OpenAIRoutes:
         if engine is None:
             raise ApiError(503, "no model is loaded yet; try again once it has loaded", code="model_not_loaded")
         if not engine.alive:
-            raise ApiError(503, f"the engine has stopped: {engine.failure}", code="engine_stopped")
+            raise engine_stopped(EngineDeadError(engine.failure))
         served = engine.stats().model_name
         if model is not None and model != served:
             raise ApiError(404, f"The model {shown(model, 80)} does not exist; this server serves {served!r} "
@@ -98,25 +99,16 @@ class OpenAIRoutes:
         return engine
 
     async def _generate(self, request: Request, api: ApiRequest) -> Response:
-        engine = self._engine(api.model)
-        reply = Reply(api.kind, api.model)
-        stream = await _start(engine, api)
-        try:
-            first = await until_disconnected(request, anext(stream))
-        except ClientGone:
-            return Response(status_code=499)
-        except EngineDeadError as exc:
-            raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
+        """Start the request and wait for its first output before answering, so that a request the engine
+        refuses still gets its status code; then stream, or wait for the whole reply."""
+        stream = await _start(self._engine(api.model), api)
+        first = await until_disconnected(request, anext(stream))
         if first.finished and first.finish_reason not in FINISH_REASONS:
             raise failure(first)
+        reply = Reply(api.kind, api.model)
         if api.stream:
             return EventStream(events(reply, first, stream, api.include_usage), stream)
-        try:
-            final = await until_disconnected(request, _last(first, stream))
-        except ClientGone:
-            return Response(status_code=499)
-        except EngineDeadError as exc:
-            raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
+        final = await until_disconnected(request, _last(first, stream))
         if final.finish_reason not in FINISH_REASONS:
             raise failure(final)
         return json_response(reply.full(final))
@@ -128,13 +120,8 @@ async def _start(engine: AsyncEngine, api: ApiRequest) -> RequestStream:
         ids = await engine.run(lambda e: e.encode_prompt(api.prompt))
     except ValueError as exc:
         raise bad_field(api.prompt_field, str(exc)) from None
-    except EngineDeadError as exc:
-        raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
     sampling = api.sampling_params(_max_tokens(engine, api, len(ids)))
-    try:
-        return engine.stream(ids, sampling, source=API_SOURCE)
-    except EngineDeadError as exc:
-        raise ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped") from None
+    return engine.stream(ids, sampling, source=API_SOURCE)
 
 
 def _max_tokens(engine: AsyncEngine, api: ApiRequest, prompt_tokens: int) -> int:
@@ -229,7 +216,7 @@ async def events(reply: Reply, first: RequestOutput, stream: RequestStream, incl
                 break
             out = await anext(stream)
     except EngineDeadError as exc:
-        yield sse(ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped").body())
+        yield sse(engine_stopped(exc).body())
     finally:
         stream.abort()  # no-op once finished
     yield "data: [DONE]\n\n"
@@ -258,7 +245,9 @@ def sse(body: dict) -> str:
 def failure(out: RequestOutput) -> ApiError:
     """A request the engine ended without finishing: the model was switched (503) or it failed (500)."""
     if out.finish_reason == "abort":
-        return ApiError(503, out.error or "the request was stopped by the server", code="request_aborted")
+        # Without a reason it was the engine shutting down (this server's own aborts are never read).
+        return ApiError(503, out.error or "the engine is shutting down; the reply was stopped",
+                        code="request_aborted")
     return ApiError(500, out.error or "the engine failed on this request", code="engine_error")
 
 
@@ -271,6 +260,18 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     message = {404: f"no such endpoint: {request.method} {request.url.path}",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
     return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+
+
+def engine_stopped(exc: EngineDeadError) -> ApiError:
+    return ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped")
+
+
+async def _engine_stopped(request: Request, exc: EngineDeadError) -> Response:
+    return engine_stopped(exc).response()
+
+
+async def _client_gone(request: Request, exc: ClientGone) -> Response:
+    return Response(status_code=499)  # nobody reads it; the request was aborted
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:

@@ -403,7 +403,7 @@ def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(serve
     assert engine.stats().generated_tokens_total - generated_before < 300  # stopped, not run to max_tokens
 
 
-def test_the_endpoint_follows_a_model_switch(tiny_model_dirs):
+def test_the_endpoint_follows_a_model_switch_and_says_when_the_engine_stops(tiny_model_dirs):
     engine = AsyncEngine(tiny_config(tiny_model_dirs["llama"]))
     server = ApiServer(lambda: engine, ApiConfig(port=0))
     server.start()
@@ -416,6 +416,16 @@ def test_the_endpoint_follows_a_model_switch(tiny_model_dirs):
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model=before, messages=chat("hi"), max_tokens=2)
         assert client.chat.completions.create(model=after, messages=chat("hi"), max_tokens=2).model == "qwen2"
+        # The engine stops mid-reply: the stream ends with the reason, and later requests are 503s.
+        stream = client.chat.completions.create(model=after, messages=chat("hi"), max_tokens=300, stream=True,
+                                                extra_body={"ignore_eos": True})
+        next(stream), next(stream)
+        engine.shutdown()
+        with pytest.raises(openai.APIError, match="the engine (is shutting down|has stopped)"):
+            list(stream)
+        with pytest.raises(openai.InternalServerError) as stopped:
+            client.models.list()
+        assert stopped.value.status_code == 503 and stopped.value.body["code"] == "engine_stopped"
     finally:
         server.stop()
         engine.shutdown()
