@@ -87,13 +87,13 @@ class Engine:
         sampling = SamplingParams() if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a string, not {type(source).__name__}")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode_prompt(prompt)
         detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, sampling.stop)
-        if not isinstance(source, str):
-            raise TypeError(f"source must be a string, not {type(source).__name__}")
         seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter(), source=source)
         self._sequences[request_id] = seq
         self._detokenizers[request_id] = detokenizer

@@ -167,6 +167,17 @@ def test_a_seed_makes_sampling_reproducible(client, model):
     assert sample(7) != sample(8)
 
 
+
+def test_the_engine_keeps_a_requests_source_in_its_snapshot(oracle):
+    window = oracle.add_request("from the window", SamplingParams(max_tokens=2))
+    api = oracle.add_request("from a client", SamplingParams(max_tokens=2), source=API_SOURCE)
+    assert {r.request_id: r.source for r in oracle.stats().requests} == {window: "", api: API_SOURCE}
+    while oracle.has_unfinished():
+        oracle.step()
+    with pytest.raises(TypeError, match="source must be a string"):
+        oracle.add_request("hi", source=3)
+    assert not oracle.stats().requests
+
 def test_api_requests_carry_their_source_to_the_stats(client, model, engine):
     seen = []
     for _chunk in client.chat.completions.create(model=model, messages=chat("Go on."), max_tokens=100, stream=True,
