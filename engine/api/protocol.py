@@ -8,11 +8,12 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import MAX_SEED, SamplingParams
 from .errors import bad_field, shown
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
+MAX_CHOICES = 16  # n: replies to one prompt, each its own request in the same batch
 
 # OpenAI name -> SamplingParams field. top_k, min_p, repetition_penalty, ignore_eos and stop_token_ids are the
 # extensions vLLM and llama.cpp's server also take.
@@ -27,7 +28,6 @@ IGNORED_FIELDS = frozenset({
 })
 # Fields accepted only at the value that means "nothing asked for"; anything else is refused, with why.
 NOTHING_ASKED = {
-    "n": (lambda v: v == 1, "only n=1 is supported: send one request per completion you want"),
     "best_of": (lambda v: v == 1, "only best_of=1 is supported"),
     "frequency_penalty": (lambda v: v == 0, "frequency_penalty is not supported; use repetition_penalty"),
     "presence_penalty": (lambda v: v == 0, "presence_penalty is not supported; use repetition_penalty"),
@@ -69,9 +69,14 @@ class ApiRequest:
     max_tokens_field: str  # "max_tokens" or "max_completion_tokens"
     stream: bool
     include_usage: bool
+    n: int = 1
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        return SamplingParams(max_tokens=max_tokens, **self.sampling)
+    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+        """The sampling of reply ``choice``: with a seed, each reply has its own (seed + choice), so the ``n``
+        replies differ and each is reproducible."""
+        seed = self.sampling.get("seed")
+        values = self.sampling if seed is None else {**self.sampling, "seed": (seed + choice) % (MAX_SEED + 1)}
+        return SamplingParams(max_tokens=max_tokens, **values)
 
 
 def parse_chat(body: dict) -> ApiRequest:
@@ -96,7 +101,7 @@ def _request(kind: str, body: dict, present: dict, prompt, prompt_field: str, to
     _refuse_what_is_missing(present)
     stream = _boolean(present, "stream")
     return ApiRequest(kind, model, prompt, prompt_field, _sampling(present), _max_tokens(present, tokens_field),
-                      tokens_field, stream, _include_usage(present, stream))
+                      tokens_field, stream, _include_usage(present, stream), _choices(present))
 
 
 def _present(body: dict, known: frozenset[str]) -> dict:
@@ -149,8 +154,15 @@ def _in_openai_range(name: str, value) -> None:
             raise bad_field(name, f"{name} must be between {low:g} and {high:g}, not {shown(value)}")
     elif name in OPENAI_RANGES:
         raise bad_field(name, f"{name} must be a number, not {shown(value)}")
-    elif name in ("n", "best_of", "top_logprobs") and not _is_whole(value):
+    elif name in ("best_of", "top_logprobs") and not _is_whole(value):
         raise bad_field(name, f"{name} must be a whole number, not {shown(value)}")
+
+
+def _choices(present: dict) -> int:
+    value = present.get("n", 1)
+    if not _is_whole(value) or not 1 <= value <= MAX_CHOICES:
+        raise bad_field("n", f"n must be a whole number from 1 to {MAX_CHOICES}, not {shown(value)}")
+    return int(value)
 
 
 def _max_tokens(present: dict, field: str) -> int | None:

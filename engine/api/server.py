@@ -10,6 +10,7 @@ which frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -99,29 +100,44 @@ class OpenAIRoutes:
         return engine
 
     async def _generate(self, request: Request, api: ApiRequest) -> Response:
-        """Start the request and wait for its first output before answering, so that a request the engine
-        refuses still gets its status code; then stream, or wait for the whole reply."""
-        stream = await _start(self._engine(api.model), api)
-        first = await until_disconnected(request, anext(stream))
-        if first.finished and first.finish_reason not in FINISH_REASONS:
-            raise failure(first)
+        """Start the ``n`` requests and wait for their first outputs before answering, so that a request the
+        engine refuses still gets its status code; then stream, or wait for the whole replies."""
+        streams = await _start(self._engine(api.model), api)
         reply = Reply(api.kind, api.model)
-        if api.stream:
-            return EventStream(events(reply, first, stream, api.include_usage), stream)
-        final = await until_disconnected(request, _last(first, stream))
-        if final.finish_reason not in FINISH_REASONS:
-            raise failure(final)
-        return json_response(reply.full(final))
+        try:
+            firsts = await until_disconnected(request, asyncio.gather(*(anext(s) for s in streams)))
+            _raise_if_failed(firsts)
+            if api.stream:
+                return EventStream(events(reply, firsts, streams, api.include_usage), streams)
+            work = asyncio.gather(*(_last(first, s) for first, s in zip(firsts, streams)))
+            finals = await until_disconnected(request, work)
+            _raise_if_failed(finals)
+        except BaseException:
+            _abort(streams)  # the replies still running when another failed, or the client went away
+            raise
+        return json_response(reply.full(finals))
 
 
-async def _start(engine: AsyncEngine, api: ApiRequest) -> RequestStream:
-    """Tokenise the prompt on the engine thread, size ``max_tokens`` to the context, start the request."""
+async def _start(engine: AsyncEngine, api: ApiRequest) -> list[RequestStream]:
+    """Tokenise the prompt on the engine thread, size ``max_tokens`` to the context, start the ``n`` requests
+    (the same prompt: they run in one batch)."""
     try:
         ids = await engine.run(lambda e: e.encode_prompt(api.prompt))
     except ValueError as exc:
         raise bad_field(api.prompt_field, str(exc)) from None
-    sampling = api.sampling_params(_max_tokens(engine, api, len(ids)))
-    return engine.stream(ids, sampling, source=API_SOURCE)
+    max_tokens = _max_tokens(engine, api, len(ids))
+    return [engine.stream(ids, api.sampling_params(max_tokens, i), source=API_SOURCE) for i in range(api.n)]
+
+
+def _raise_if_failed(outputs: list[RequestOutput]) -> None:
+    for out in outputs:
+        if out.finished and out.finish_reason not in FINISH_REASONS:
+            raise failure(out)
+
+
+def _abort(streams: list[RequestStream]) -> None:
+    for stream in streams:
+        stream.abort()
 
 
 def _max_tokens(engine: AsyncEngine, api: ApiRequest, prompt_tokens: int) -> int:
@@ -196,46 +212,77 @@ async def _last(first: RequestOutput, stream: RequestStream) -> RequestOutput:
     return out
 
 
-async def events(reply: Reply, first: RequestOutput, stream: RequestStream, include_usage: bool) -> AsyncIterator[str]:
-    """The server-sent events of a streamed reply, ending with ``data: [DONE]``; a failure mid-way is sent as
+async def events(reply: Reply, firsts: list[RequestOutput], streams: list[RequestStream],
+                 include_usage: bool) -> AsyncIterator[str]:
+    """The server-sent events of streamed replies, ending with ``data: [DONE]``; a failure mid-way is sent as
     an error event (OpenAI's clients raise it), what had arrived stays with the client."""
+    finals: list[RequestOutput | None] = [None] * len(streams)
     try:
         if reply.kind == "chat":
-            yield sse(reply.chunk("", first=True, with_usage=include_usage))
-        out = first
-        while True:
-            if out.finished and out.finish_reason not in FINISH_REASONS:
-                yield sse(failure(out).body())
-                break
-            if out.delta_text:
-                yield sse(reply.chunk(out.delta_text, with_usage=include_usage))
-            if out.finished:
-                yield sse(reply.chunk("", out.finish_reason, with_usage=include_usage))
+            for index in range(len(streams)):
+                yield sse(reply.chunk(index, "", first=True, with_usage=include_usage))
+        async with contextlib.aclosing(merged(firsts, streams)) as outputs:
+            async for index, out in outputs:
+                if out.finished and out.finish_reason not in FINISH_REASONS:
+                    yield sse(failure(out).body())
+                    break
+                if out.delta_text:
+                    yield sse(reply.chunk(index, out.delta_text, with_usage=include_usage))
+                if out.finished:
+                    finals[index] = out
+                    yield sse(reply.chunk(index, "", out.finish_reason, with_usage=include_usage))
+            else:
                 if include_usage:
-                    yield sse(reply.usage_chunk(out))
-                break
-            out = await anext(stream)
+                    yield sse(reply.usage_chunk(finals))
     except EngineDeadError as exc:
         yield sse(engine_stopped(exc).body())
     finally:
-        stream.abort()  # no-op once finished
+        _abort(streams)  # no-op once finished
     yield "data: [DONE]\n\n"
 
 
+async def merged(firsts: list[RequestOutput], streams: list[RequestStream]):
+    """(reply index, output) of several streams as each output arrives, until all have finished."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, out: RequestOutput, stream: RequestStream) -> None:
+        try:
+            await queue.put((index, out))
+            while not out.finished:
+                out = await anext(stream)
+                await queue.put((index, out))
+        except Exception as exc:  # handed to the reader, which raises it
+            await queue.put((index, exc))
+
+    pumps = [asyncio.ensure_future(pump(i, first, s)) for i, (first, s) in enumerate(zip(firsts, streams))]
+    try:
+        live = len(streams)
+        while live:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                live -= 1
+            yield index, item
+    finally:
+        for task in pumps:
+            task.cancel()  # cancelling a stream's wait aborts its request
+
+
 class EventStream(StreamingResponse):
-    """``text/event-stream`` that aborts its request however the response ends (a client that disconnects
+    """``text/event-stream`` that aborts its requests however the response ends (a client that disconnects
     cancels the sending task; Starlette watches for it)."""
 
-    def __init__(self, content: AsyncIterator[str], stream: RequestStream) -> None:
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream]) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.stream = stream
+        self.streams = streams
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.stream.abort()
+            _abort(self.streams)
 
 
 def sse(body: dict) -> str:

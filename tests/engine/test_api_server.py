@@ -168,6 +168,28 @@ def test_a_seed_makes_sampling_reproducible(client, model):
 
 
 
+
+def test_n_replies_run_together_each_with_its_own_seed(client, model, oracle):
+    ask = dict(model=model, messages=chat("Name a colour."), max_tokens=8, temperature=1.0, seed=11,
+               extra_body={"ignore_eos": True})
+    reply = client.chat.completions.create(n=3, **ask)
+    texts = [c.message.content for c in reply.choices]
+    assert [c.index for c in reply.choices] == [0, 1, 2] and len(set(texts)) > 1
+    assert texts[0] == client.chat.completions.create(**ask).choices[0].message.content  # choice 0 keeps the seed
+    assert reply.usage.completion_tokens == 3 * 8
+    assert reply.usage.prompt_tokens == len(oracle.encode_prompt(ask["messages"]))
+    streamed = {0: "", 1: "", 2: ""}
+    finishes = {}
+    for chunk in client.chat.completions.create(n=3, stream=True, stream_options={"include_usage": True}, **ask):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+        usage = chunk.usage
+    assert list(streamed.values()) == texts and finishes == {0: "length", 1: "length", 2: "length"}
+    assert usage.completion_tokens == 24
+    completions = client.completions.create(model=model, prompt="Once", n=2, max_tokens=4, temperature=0)
+    assert len({c.text for c in completions.choices}) == 1 and len(completions.choices) == 2  # greedy: the same
+
 def test_the_engine_keeps_a_requests_source_in_its_snapshot(oracle):
     window = oracle.add_request("from the window", SamplingParams(max_tokens=2))
     api = oracle.add_request("from a client", SamplingParams(max_tokens=2), source=API_SOURCE)
@@ -221,7 +243,9 @@ def raw_text(server: ApiServer, path: str) -> tuple[int, str]:
     ({"stop": [1, 2]}, "stop"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_completion_tokens": "many"}, "max_completion_tokens"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 1.5}, "n"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -385,33 +409,33 @@ def test_window_and_api_requests_batch_together_and_share_the_prefix_cache(clien
     assert reply.usage.prompt_tokens_details.cached_tokens >= 10 * engine.stats().block_size
 
 
-def _start_generating(server, model, stream: bool) -> socket.socket:
+def _start_generating(server, model, stream: bool, n: int) -> socket.socket:
     """A raw connection with a long request under way (its first token out); the caller drops it."""
     body = json.dumps({"model": model, "messages": chat("Never stop."), "max_tokens": 300, "stream": stream,
-                       "ignore_eos": True}).encode()
+                       "n": n, "ignore_eos": True}).encode()
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     return sock
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server, model, engine, stream):
+@pytest.mark.parametrize(("stream", "n"), [(True, 1), (False, 1), (True, 3), (False, 3)])
+def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server, model, engine, stream, n):
     generated_before = engine.stats().generated_tokens_total
-    sock = _start_generating(server, model, stream)
+    sock = _start_generating(server, model, stream, n)
     if stream:
         received = b""
-        while received.count(b"data: ") < 3:  # the role chunk and two pieces of text
+        while received.count(b"data: ") < n + 2:  # the role chunks and two pieces of text
             piece = sock.recv(4096)
             assert piece, f"the server closed the stream: {received!r}"
             received += piece
         assert received.startswith(b"HTTP/1.1 200")
-    wait_until(lambda: any(r.source == API_SOURCE and r.output_tokens > 2 for r in engine.stats().requests))
+    wait_until(lambda: sum(r.source == API_SOURCE and r.output_tokens > 2 for r in engine.stats().requests) == n)
     assert engine.stats().kv_blocks_used > 0
     sock.close()
     wait_until(lambda: engine.stats().num_running == 0 and engine.stats().kv_blocks_used == 0
                and not engine.stats().requests)
-    assert engine.stats().generated_tokens_total - generated_before < 300  # stopped, not run to max_tokens
+    assert engine.stats().generated_tokens_total - generated_before < 300 * n  # stopped, not run to max_tokens
 
 
 def test_the_endpoint_follows_a_model_switch_and_says_when_the_engine_stops(tiny_model_dirs):
