@@ -1,4 +1,5 @@
-"""The ``kvasir`` command: the desktop app, ``--version`` and ``--self-test``."""
+"""The ``kvasir`` command: the desktop app, ``--version``, ``--self-test``, and ``kvasir serve`` (the
+OpenAI-compatible endpoint without a window, from the engine's command line; Qt is never imported for it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ SELF_TEST_TIMEOUT_S = 600
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kvasir", description="Kvasir: chat with local language models")
+    parser = argparse.ArgumentParser(prog="kvasir", description="Kvasir: chat with local language models",
+                                     epilog="kvasir serve [--host H] [--port P] [--api-key K] [--model M]: the "
+                                            "OpenAI-compatible endpoint without a window (kvasir serve --help)")
     parser.add_argument("--version", action="version", version=f"kvasir {__version__}")
     parser.add_argument("--self-test", action="store_true",
                         help="start offscreen, send one message, print its metrics as JSON, exit")
@@ -30,7 +33,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from engine.tools.cli import main as engine_main
+
+        return engine_main(argv, prog="kvasir")
+    args = parse_args(argv)
     if args.self_test:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
         args.data_dir = args.data_dir or tempfile.mkdtemp(prefix="kvasir-self-test-")

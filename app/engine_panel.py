@@ -9,7 +9,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
-from engine import EngineStats
+from engine import API_SOURCE, EngineStats, RequestSnapshot
 
 HISTORY = 240  # samples: one minute at four a second
 COLORS = {"shared": QColor("#8e44ad"), "cached": QColor("#2eaa6a"), "free": QColor("#9aa1aa")}
@@ -207,7 +207,7 @@ class EnginePanel(QWidget):
     def _show_requests(self, s: EngineStats, owners: dict[str, tuple[int, str]]) -> None:
         segments, rows = [], []
         for request in s.requests:
-            conversation, title = owners.get(request.request_id, (None, request.request_id))
+            conversation, title = owners.get(request.request_id, (None, _unowned_title(request)))
             color = QColor(conversation_color(conversation))
             segments.append((request.exclusive_blocks, color, "chat"))
             rate = f"{request.decode_tokens_per_s:.1f} tok/s" if request.decode_tokens_per_s else "prefill"
@@ -230,6 +230,11 @@ def conversation_color(conversation_id: int | None) -> str:
     if conversation_id is None:
         return "#7f8c8d"
     return CONVERSATION_COLORS[conversation_id % len(CONVERSATION_COLORS)]
+
+
+def _unowned_title(request: RequestSnapshot) -> str:
+    """How a request that is not one of the window's chats is named: API requests say so."""
+    return f"API · {request.request_id}" if request.source == API_SOURCE else request.request_id
 
 
 def _escape(text: str) -> str:

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QInputDialog,
+    QLabel,
     QMainWindow,
     QMessageBox,
     QPushButton,
@@ -36,6 +37,7 @@ from .conversation_list import ChatAction, ConversationSidebar
 from .conversations import Conversations
 from .engine_banner import EngineBanner, not_ready_message
 from .engine_panel import EnginePanel
+from .local_api import LocalApi
 from .model_bar import ModelBar
 from .model_dialog import ModelDialog
 from .personas import Personas
@@ -63,8 +65,10 @@ class MainWindow(QMainWindow):
         self.controller = ChatController(self.conversations, bridge, self)
         self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)
         self.tokens = TokenCounter(bridge.count_tokens)
+        self.local_api = LocalApi(lambda: getattr(bridge, "engine", None), self)  # the bridge's own engine
         self._build()
         self._connect()
+        self.local_api.apply(self.settings["api"])
         self._restore_geometry()
         self.apply_theme(self.settings["theme"])
         follow_system_scheme(self._system_scheme_changed)
@@ -117,6 +121,10 @@ class MainWindow(QMainWindow):
         self.undo_button = QPushButton("Undo delete")
         self.undo_button.hide()
         self.statusBar().addPermanentWidget(self.undo_button)
+        self.api_label = QLabel()
+        self.api_label.setObjectName("apiStatus")
+        self.api_label.hide()
+        self.statusBar().addPermanentWidget(self.api_label)
         self._build_menus()
         root = QWidget()
         layout = QVBoxLayout(root)
@@ -204,6 +212,7 @@ class MainWindow(QMainWindow):
         self.model_bar.panel_button.toggled.connect(self.panel_area.setVisible)
         self.personas.changed.connect(self._update_header)
         self.model_bar.switch_requested.connect(self.switch_model)
+        self.local_api.changed.connect(self._api_changed)
 
     # -- actions ------------------------------------------------------------------------------------
 
@@ -235,13 +244,19 @@ class MainWindow(QMainWindow):
                                          {**conv.settings, **values["settings"]})
 
     def edit_preferences(self) -> None:
-        dialog = PreferencesDialog(self.personas.all(), self.settings.values, self)
+        dialog = PreferencesDialog(self.personas.all(), self.settings.values, self,
+                                   api_status=self.local_api.status())
         if dialog.exec():
+            api_before = dict(self.settings["api"])
             for key, value in dialog.result_values().items():
                 self.settings[key] = value
             self.settings.save()
             self.apply_theme(self.settings["theme"])
             self.set_text_scale(self.settings["text_scale"], save=False)
+            if self.settings["api"] != api_before or self.local_api.error:
+                problem = self.local_api.apply(self.settings["api"])
+                if problem:
+                    QMessageBox.warning(self, "Local API", problem)
 
     def apply_theme(self, choice: str) -> None:
         app = QApplication.instance()
@@ -455,6 +470,14 @@ class MainWindow(QMainWindow):
         self.model_bar.progress.show()
         self.bridge.restart()
 
+    def _api_changed(self, status: str) -> None:
+        self.api_label.setText(status)
+        self.api_label.setToolTip(self.local_api.error or "OpenAI-compatible: /v1/models, /v1/chat/completions, "
+                                                          "/v1/completions")
+        self.api_label.setVisible(bool(status))
+        if self.local_api.error:
+            self.statusBar().showMessage(self.local_api.error, 10000)
+
     def _stats(self, stats: EngineStats) -> None:
         if self.panel.isVisible():
             owners = {}
@@ -505,6 +528,7 @@ class MainWindow(QMainWindow):
         settings.setValue("splitter", self.splitter.saveState())
         for task in list(self.controller.tasks.values()):
             task.cancel()
+        self.local_api.shutdown()
         super().closeEvent(event)
 
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import SamplingParams
+from engine import DEFAULT_API_HOST, DEFAULT_API_PORT, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +21,16 @@ DEFAULTS = {
     "text_scale": 100,  # percent: the transcript's and the message box's text size (Ctrl+= / Ctrl+- / Ctrl+0)
     "sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
                  "max_tokens": 512, "seed": None},
+    # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
+    "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
 SAMPLING_KEYS = tuple(DEFAULTS["sampling"])
+API_CHECKS = {
+    "enabled": lambda v: isinstance(v, bool),
+    "host": lambda v: isinstance(v, str) and bool(v.strip()),
+    "port": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535,
+    "api_key": lambda v: isinstance(v, str),
+}
 THEMES = ("system", "light", "dark")
 TEXT_SCALES = (50, 67, 75, 80, 90, 100, 110, 125, 150, 175, 200, 250, 300)  # the steps of Ctrl+= and Ctrl+-
 
@@ -115,10 +123,22 @@ class Settings:
             if key == "sampling" and isinstance(value, dict):
                 known = {k: v for k, v in value.items() if k in SAMPLING_KEYS}
                 self.values["sampling"].update(valid_sampling(known))
+            elif key == "api" and isinstance(value, dict):
+                self.values["api"].update(self._valid_api(value))
             elif key in DEFAULTS and _valid_value(key, value):
                 self.values[key] = value
             elif key in DEFAULTS:
                 log.warning("ignoring the setting %s=%r in %s: not a valid value", key, value, self.path)
+
+    def _valid_api(self, saved: dict) -> dict:
+        """The endpoint settings of the right type; the others keep their defaults (with a logged warning)."""
+        kept = {}
+        for key, value in saved.items():
+            if key in API_CHECKS and API_CHECKS[key](value):
+                kept[key] = value
+            else:
+                log.warning("ignoring the setting api.%s=%r in %s: not a valid value", key, value, self.path)
+        return kept
 
     def __getitem__(self, key: str):
         return self.values[key]
@@ -156,8 +176,8 @@ def _valid_value(key: str, value) -> bool:
         return value in THEMES
     if key == "text_scale":
         return type(value) is int and TEXT_SCALES[0] <= value <= TEXT_SCALES[-1]
-    if key == "sampling":
-        return False  # a dict is merged key by key above; anything else is not sampling settings
+    if key in ("sampling", "api"):
+        return False  # a dict is merged key by key above; anything else is not these settings
     return isinstance(value, str) and bool(value)
 
 

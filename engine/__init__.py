@@ -6,8 +6,12 @@ This module is the engine's only door: the app and the checks import from ``engi
 - ``step/``: one forward pass (runner, paged attention), sampling, detokenising, quantised layers
 - ``models/``: model files (sources, GGUF, weight checks, loading, the library, the fit estimate)
 - ``tools/``: the command line, the benchmark, the quantisation evaluation
+- ``api/``: the OpenAI-compatible HTTP endpoint (Starlette + uvicorn)
 """
 
+from .api import API_SOURCE, ApiConfig, ApiConfigError, ApiServer, ServerStartError
+from .api import DEFAULT_HOST as DEFAULT_API_HOST
+from .api import DEFAULT_PORT as DEFAULT_API_PORT
 from .config import AUTO_QUANTIZATION_RULE, DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, UnsupportedModelError
 from .models.fit import FitEstimate
@@ -20,10 +24,16 @@ from .serving.metrics import EngineStats, RequestMetrics, RequestSnapshot
 from .serving.outputs import RequestOutput
 
 __all__ = [
+    "API_SOURCE",
     "AUTO_QUANTIZATION_RULE",
     "DTYPES",
     "QUANTIZATIONS",
+    "ApiConfig",
+    "ApiConfigError",
+    "ApiServer",
     "AsyncEngine",
+    "DEFAULT_API_HOST",
+    "DEFAULT_API_PORT",
     "Engine",
     "EngineConfig",
     "EngineDeadError",
@@ -38,6 +48,7 @@ __all__ = [
     "RequestOutput",
     "RequestSnapshot",
     "SamplingParams",
+    "ServerStartError",
     "UnsupportedModelError",
     "WEIGHT_MODES",
     "data_dir",

@@ -113,8 +113,9 @@ class AsyncEngine:
         """True while the engine thread serves requests."""
         return self.failure is None and self._thread.is_alive()
 
-    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None) -> RequestStream:
-        """Start a request; iterate the result with ``async for`` to receive its outputs.
+    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *, source: str = "") -> RequestStream:
+        """Start a request; iterate the result with ``async for`` to receive its outputs. ``source`` labels
+        who sent it (see :meth:`Engine.add_request`).
 
         Raises :class:`EngineDeadError` when the engine thread has stopped.
         """
@@ -124,7 +125,7 @@ class AsyncEngine:
         with self._lock:
             self._raise_if_dead()
             self._streams[request_id] = (loop, weakref.ref(stream))
-            self._commands.put(("add", (request_id, prompt, sampling)))
+            self._commands.put(("add", (request_id, prompt, sampling, source)))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -224,9 +225,9 @@ class AsyncEngine:
     def _handle(self, kind: str, payload: Any) -> None:
         engine = self._engine
         if kind == "add":
-            request_id, prompt, sampling = payload
+            request_id, prompt, sampling, source = payload
             try:
-                engine.add_request(prompt, sampling, request_id=request_id)
+                engine.add_request(prompt, sampling, request_id=request_id, source=source)
             except Exception as exc:
                 self._deliver(request_id, exc)
         elif kind == "abort":

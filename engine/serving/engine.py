@@ -73,9 +73,13 @@ class Engine:
     # -- public API ---------------------------------------------------------------------------------
 
     def add_request(
-        self, prompt: Prompt, sampling: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: Prompt, sampling: SamplingParams | None = None, request_id: str | None = None,
+        source: str = "",
     ) -> str:
         """Queue a request; returns its id. A request that can never fit finishes at once with an error.
+
+        ``source`` labels who sent it (``""``: the window; ``"api"``: the local endpoint); ``stats()`` carries
+        it in each :class:`RequestSnapshot` so the live panel can say where a request came from.
 
         A bad prompt or parameter raises ``ValueError`` (``TypeError`` for a wrong kind of object) and leaves
         nothing behind: the request is registered only once it is fully built.
@@ -83,12 +87,14 @@ class Engine:
         sampling = SamplingParams() if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a string, not {type(source).__name__}")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode_prompt(prompt)
         detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, sampling.stop)
-        seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter())
+        seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter(), source=source)
         self._sequences[request_id] = seq
         self._detokenizers[request_id] = detokenizer
         problem = self._why_it_cannot_fit(seq)
@@ -259,6 +265,7 @@ class Engine:
             blocks=len(seq.block_table),
             exclusive_blocks=sum(1 for b in seq.block_table if blocks[b].ref_count == 1),
             ttft_s=metrics.ttft_s,
+            source=seq.source,
         )
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:

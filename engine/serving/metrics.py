@@ -48,6 +48,7 @@ class RequestSnapshot:
     blocks: int  # blocks in its table
     exclusive_blocks: int  # of those, the ones no other request shares
     ttft_s: float | None = None  # from arrival to its first token, once that has come
+    source: str = ""  # who sent it, as given to ``add_request`` ("api": the local endpoint)
 
 
 @dataclass(frozen=True, slots=True)

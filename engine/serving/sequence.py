@@ -34,6 +34,7 @@ class Sequence:
     last_token_time: float | None = None
     finish_reason: str | None = None
     error: str | None = None
+    source: str = ""  # who sent it ("" for the window's chats, "api" for the local endpoint)
 
     @property
     def num_tokens(self) -> int:

@@ -1,9 +1,10 @@
-"""Command line: ``python -m engine generate | chat | bench``."""
+"""Command line: ``python -m engine generate | chat | serve | bench``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
@@ -14,7 +15,7 @@ from ..sampling_params import SamplingParams
 def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default",
                         help="'default', a library name, a .gguf file, a model folder or a Hub repo id")
-    parser.add_argument("--quant", default="auto", choices=QUANTIZATIONS,
+    parser.add_argument("--quant", "--quantization", dest="quant", default="auto", choices=QUANTIZATIONS,
                         help=AUTO_QUANTIZATION_RULE)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -29,8 +30,19 @@ def sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", default=None, help="a system prompt")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="Kvasir's inference engine")
+def serve_args(parser: argparse.ArgumentParser) -> None:
+    from ..api import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT
+
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to listen on (default {DEFAULT_HOST}: this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 takes a free one")
+    parser.add_argument("--api-key", default=None,
+                        help=f"clients must send it as a Bearer token; needed for any host but loopback "
+                             f"(default: the {API_KEY_ENV} environment variable)")
+
+
+def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Kvasir's inference engine")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="stream one reply to stdout")
     engine_args(generate)
@@ -40,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="a terminal chat that keeps the conversation")
     engine_args(chat)
     sampling_args(chat)
+    serve = commands.add_parser("serve", help="an OpenAI-compatible endpoint over the engine, no window")
+    engine_args(serve)
+    serve_args(serve)
     bench = commands.add_parser("bench", help="speed against llama.cpp and transformers on the same model")
     engine_args(bench)
     bench.add_argument("--quick", action="store_true",
@@ -167,6 +182,41 @@ def cmd_chat(args) -> int:
               f"{m.cached_prompt_tokens}/{m.prompt_tokens} prompt tokens from cache]")
 
 
+def cmd_serve(args) -> int:
+    """Listen first (a port in use fails at once), then load the model; requests meanwhile get a 503."""
+    from ..api import API_KEY_ENV, ApiConfig, ApiConfigError, ApiServer, ServerStartError
+    from ..serving.async_engine import AsyncEngine
+
+    try:
+        api = ApiConfig(args.host, args.port, args.api_key or os.environ.get(API_KEY_ENV))
+    except ApiConfigError as exc:
+        print(f"error: {exc} (give one with --api-key K, or the {API_KEY_ENV} environment variable)",
+              file=sys.stderr)
+        return 2
+    serving: list[AsyncEngine] = []
+    server = ApiServer(lambda: serving[0] if serving else None, api, access_log=True, configure_logging=True)
+    try:
+        url = server.start()
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"listening on {url}; loading the model...", file=sys.stderr, flush=True)
+    try:
+        serving.append(AsyncEngine(config_from(args)))
+        stats = serving[0].stats()
+        print(f"Kvasir serves {stats.model_name} ({stats.quantization}, {stats.device}) at {url}", flush=True)
+        print("OpenAI-compatible: GET /v1/models, POST /v1/chat/completions, POST /v1/completions. "
+              "Ctrl-C stops.", file=sys.stderr, flush=True)
+        server.wait()
+    except KeyboardInterrupt:
+        print("stopping", file=sys.stderr)
+    finally:
+        server.stop()
+        if serving:
+            serving[0].shutdown()
+    return 0
+
+
 def cmd_bench(args) -> int:
     from pathlib import Path
 
@@ -239,10 +289,10 @@ def cmd_eval_quant(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    commands = {"generate": cmd_generate, "chat": cmd_chat, "bench": cmd_bench, "models": cmd_models,
-                "eval-quant": cmd_eval_quant}
+def main(argv: list[str] | None = None, prog: str = "python -m engine") -> int:
+    args = build_parser(prog).parse_args(argv)
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench,
+                "models": cmd_models, "eval-quant": cmd_eval_quant}
     try:
         return commands[args.command](args)
     except (EngineError, ValueError) as exc:

@@ -1,0 +1,79 @@
+"""Response bodies and stream chunks in OpenAI's shape, for chat and for plain completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..serving.outputs import RequestOutput
+
+FINISH_REASONS = {"stop": "stop", "length": "length"}  # the engine's "abort" and "error" are errors here
+
+
+@dataclass(slots=True)
+class Reply:
+    """One response under way: its id, the time it was created and what kind of endpoint it answers."""
+
+    kind: str  # "chat" | "completion"
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
+        self.id = self.id or f"{prefix}-{uuid.uuid4().hex}"
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, finals: list[RequestOutput]) -> dict:
+        """The whole response to a request that was not streamed: one choice per reply."""
+        choices = []
+        for index, out in enumerate(finals):
+            reason = FINISH_REASONS[out.finish_reason]
+            if self.kind == "chat":
+                choices.append({"index": index, "message": {"role": "assistant", "content": out.text},
+                                "logprobs": None, "finish_reason": reason})
+            else:
+                choices.append({"index": index, "text": out.text, "logprobs": None, "finish_reason": reason})
+        return {**self._head(self.object), "choices": choices, "usage": usage(finals)}
+
+    def chunk(self, index: int, text: str, finish_reason: str | None = None, first: bool = False,
+              with_usage: bool = False) -> dict:
+        """One stream chunk of reply ``index``: new text, and the finish reason on its last one."""
+        reason = FINISH_REASONS[finish_reason] if finish_reason else None
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            body = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+            body = {**self._head("text_completion"), "choices": [choice]}
+        if with_usage:
+            body["usage"] = None  # OpenAI's clients expect the key on every chunk once usage is asked for
+        return body
+
+    def usage_chunk(self, finals: list[RequestOutput]) -> dict:
+        """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage(finals)}
+
+
+def usage(finals: list[RequestOutput]) -> dict:
+    """Token counts: the prompt once (as OpenAI counts it for ``n`` replies) with its tokens served from the
+    prefix cache, and the tokens of every reply."""
+    prompt = finals[0].metrics
+    completion = sum(out.metrics.output_tokens for out in finals)
+    return {"prompt_tokens": prompt.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": prompt.cached_prompt_tokens}}
+
+
+def model_card(name: str, created: int) -> dict:
+    """An entry of ``GET /v1/models``."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "kvasir"}

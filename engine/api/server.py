@@ -1,0 +1,326 @@
+"""The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, and
+``GET /metrics`` (Prometheus).
+
+Every request goes to the one :class:`AsyncEngine` that ``engines()`` returns at that moment, so API requests
+batch with the window's chats and share their prefix cache, and a model switch in the window is served at once.
+Requests carry the source ``"api"``, which the live panel shows. A client that disconnects aborts its request,
+which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import EngineDeadError
+from ..serving.async_engine import AsyncEngine, RequestStream
+from ..serving.outputs import RequestOutput
+from .config import ApiConfig
+from .errors import ApiError, bad_field, encode, json_response, shown
+from .metrics import prometheus_text
+from .protocol import ApiRequest, parse_chat, parse_completion
+from .responses import FINISH_REASONS, Reply, model_card
+from .security import AccessGuard
+
+API_SOURCE = "api"  # the request origin the live panel shows as an API request
+MAX_BODY_BYTES = 8 * 1024**2  # far more than any context holds; tokenising it must not stall the engine
+EngineSource = Callable[[], AsyncEngine | None]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; its request has been aborted."""
+
+
+def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = None) -> Starlette:
+    """The ASGI app over ``engines`` (an engine, or a function returning the engine that serves now)."""
+    config = config or ApiConfig()
+    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines)
+    return Starlette(
+        routes=[
+            Route("/v1/models", routes.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
+            Route("/v1/chat/completions", routes.chat, methods=["POST"]),
+            Route("/v1/completions", routes.complete, methods=["POST"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
+        ],
+        middleware=[Middleware(AccessGuard, config=config)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, EngineDeadError: _engine_stopped,
+                            ClientGone: _client_gone, Exception: _server_error},
+    )
+
+
+class OpenAIRoutes:
+    """The endpoints, over whichever engine serves when a request arrives."""
+
+    def __init__(self, engines: EngineSource) -> None:
+        self.engines = engines
+        self.created = int(time.time())
+
+    async def list_models(self, request: Request) -> Response:
+        """The model the engine serves now (one engine serves one model)."""
+        name = self._engine().stats().model_name
+        return json_response({"object": "list", "data": [model_card(name, self.created)]})
+
+    async def get_model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        self._engine(name)
+        return json_response(model_card(name, self.created))
+
+    async def metrics(self, request: Request) -> Response:
+        """The engine's KV usage, queues and prefix-cache counters, for Prometheus and remote panels."""
+        return PlainTextResponse(prometheus_text(self._engine().stats()), media_type="text/plain; version=0.0.4")
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat(await read_json(request)))
+
+    async def complete(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion(await read_json(request)))
+
+    def _engine(self, model: str | None = None) -> AsyncEngine:
+        """The serving engine (a 503 while none serves); with ``model``, a 404 unless that is its model."""
+        engine = self.engines()
+        if engine is None:
+            raise ApiError(503, "no model is loaded yet; try again once it has loaded", code="model_not_loaded")
+        if not engine.alive:
+            raise engine_stopped(EngineDeadError(engine.failure))
+        served = engine.stats().model_name
+        if model is not None and model != served:
+            raise ApiError(404, f"The model {shown(model, 80)} does not exist; this server serves {served!r} "
+                                "(see GET /v1/models)", param="model", code="model_not_found")
+        return engine
+
+    async def _generate(self, request: Request, api: ApiRequest) -> Response:
+        """Start the ``n`` requests and wait for their first outputs before answering, so that a request the
+        engine refuses still gets its status code; then stream, or wait for the whole replies."""
+        streams = await _start(self._engine(api.model), api)
+        reply = Reply(api.kind, api.model)
+        try:
+            firsts = await until_disconnected(request, asyncio.gather(*(anext(s) for s in streams)))
+            _raise_if_failed(firsts)
+            if api.stream:
+                return EventStream(events(reply, firsts, streams, api.include_usage), streams)
+            work = asyncio.gather(*(_last(first, s) for first, s in zip(firsts, streams)))
+            finals = await until_disconnected(request, work)
+            _raise_if_failed(finals)
+        except BaseException:
+            _abort(streams)  # the replies still running when another failed, or the client went away
+            raise
+        return json_response(reply.full(finals))
+
+
+async def _start(engine: AsyncEngine, api: ApiRequest) -> list[RequestStream]:
+    """Tokenise the prompt on the engine thread, size ``max_tokens`` to the context, start the ``n`` requests
+    (the same prompt: they run in one batch)."""
+    try:
+        ids = await engine.run(lambda e: e.encode_prompt(api.prompt))
+    except ValueError as exc:
+        raise bad_field(api.prompt_field, str(exc)) from None
+    max_tokens = _max_tokens(engine, api, len(ids))
+    return [engine.stream(ids, api.sampling_params(max_tokens, i), source=API_SOURCE) for i in range(api.n)]
+
+
+def _raise_if_failed(outputs: list[RequestOutput]) -> None:
+    for out in outputs:
+        if out.finished and out.finish_reason not in FINISH_REASONS:
+            raise failure(out)
+
+
+def _abort(streams: list[RequestStream]) -> None:
+    for stream in streams:
+        stream.abort()
+
+
+def _max_tokens(engine: AsyncEngine, api: ApiRequest, prompt_tokens: int) -> int:
+    """The request's ``max_tokens`` if prompt and reply fit the context, else a 400 saying by how much; when
+    not given, what OpenAI's servers default to (the context left for chat, 16 for completions)."""
+    stats = engine.stats()
+    limit = min(stats.max_model_len, stats.kv_blocks_total * stats.block_size)
+    where = "messages" if api.kind == "chat" else "prompt"
+    if prompt_tokens == 0:
+        raise bad_field(api.prompt_field, f"the {where} are empty once tokenised" if api.kind == "chat"
+                        else "the prompt is empty")
+    if prompt_tokens >= limit:
+        raise bad_field(api.prompt_field,
+                        f"This model's maximum context length is {limit} tokens, but the {where} alone take "
+                        f"{prompt_tokens} tokens, leaving no room for a reply. Please shorten the {where}.",
+                        code="context_length_exceeded")
+    room = limit - prompt_tokens
+    if api.max_tokens is None:
+        return room if api.kind == "chat" else min(room, 16)
+    if api.max_tokens > room:
+        raise bad_field(api.max_tokens_field,
+                        f"This model's maximum context length is {limit} tokens. However, you requested "
+                        f"{prompt_tokens + api.max_tokens} tokens ({prompt_tokens} in the {where}, {api.max_tokens} "
+                        f"in the completion). Please reduce the length of the {where} or the completion.",
+                        code="context_length_exceeded")
+    return api.max_tokens
+
+
+async def read_json(request: Request) -> dict:
+    """The body as a JSON object; a 413 past ``MAX_BODY_BYTES``, a 400 for anything that is not an object."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES // 1024**2} MiB")
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "We could not parse the JSON body of your request. (HINT: This likely means you "
+                            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
+                       code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not a JSON {type(value).__name__}",
+                       code="invalid_json")
+    return value
+
+
+async def until_disconnected(request: Request, work):
+    """The result of ``work``, or :class:`ClientGone` (with ``work`` cancelled) if the client goes first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()  # cancelling a stream's wait aborts its request
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise ClientGone
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _last(first: RequestOutput, stream: RequestStream) -> RequestOutput:
+    out = first
+    while not out.finished:
+        out = await anext(stream)
+    return out
+
+
+async def events(reply: Reply, firsts: list[RequestOutput], streams: list[RequestStream],
+                 include_usage: bool) -> AsyncIterator[str]:
+    """The server-sent events of streamed replies, ending with ``data: [DONE]``; a failure mid-way is sent as
+    an error event (OpenAI's clients raise it), what had arrived stays with the client."""
+    finals: list[RequestOutput | None] = [None] * len(streams)
+    try:
+        if reply.kind == "chat":
+            for index in range(len(streams)):
+                yield sse(reply.chunk(index, "", first=True, with_usage=include_usage))
+        async with contextlib.aclosing(merged(firsts, streams)) as outputs:
+            async for index, out in outputs:
+                if out.finished and out.finish_reason not in FINISH_REASONS:
+                    yield sse(failure(out).body())
+                    break
+                if out.delta_text:
+                    yield sse(reply.chunk(index, out.delta_text, with_usage=include_usage))
+                if out.finished:
+                    finals[index] = out
+                    yield sse(reply.chunk(index, "", out.finish_reason, with_usage=include_usage))
+            else:
+                if include_usage:
+                    yield sse(reply.usage_chunk(finals))
+    except EngineDeadError as exc:
+        yield sse(engine_stopped(exc).body())
+    finally:
+        _abort(streams)  # no-op once finished
+    yield "data: [DONE]\n\n"
+
+
+async def merged(firsts: list[RequestOutput], streams: list[RequestStream]):
+    """(reply index, output) of several streams as each output arrives, until all have finished."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, out: RequestOutput, stream: RequestStream) -> None:
+        try:
+            await queue.put((index, out))
+            while not out.finished:
+                out = await anext(stream)
+                await queue.put((index, out))
+        except Exception as exc:  # handed to the reader, which raises it
+            await queue.put((index, exc))
+
+    pumps = [asyncio.ensure_future(pump(i, first, s)) for i, (first, s) in enumerate(zip(firsts, streams))]
+    try:
+        live = len(streams)
+        while live:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                live -= 1
+            yield index, item
+    finally:
+        for task in pumps:
+            task.cancel()  # cancelling a stream's wait aborts its request
+
+
+class EventStream(StreamingResponse):
+    """``text/event-stream`` that aborts its requests however the response ends (a client that disconnects
+    cancels the sending task; Starlette watches for it)."""
+
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.streams = streams
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            _abort(self.streams)
+
+
+def sse(body: dict) -> str:
+    return f"data: {encode(body)}\n\n"
+
+
+def failure(out: RequestOutput) -> ApiError:
+    """A request the engine ended without finishing: the model was switched (503) or it failed (500)."""
+    if out.finish_reason == "abort":
+        # Without a reason it was the engine shutting down (this server's own aborts are never read).
+        return ApiError(503, out.error or "the engine is shutting down; the reply was stopped",
+                        code="request_aborted")
+    return ApiError(500, out.error or "the engine failed on this request", code="engine_error")
+
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404 (no such path) and 405 (wrong method), in OpenAI's shape."""
+    message = {404: f"no such endpoint: {request.method} {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+    return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+
+
+def engine_stopped(exc: EngineDeadError) -> ApiError:
+    return ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped")
+
+
+async def _engine_stopped(request: Request, exc: EngineDeadError) -> Response:
+    return engine_stopped(exc).response()
+
+
+async def _client_gone(request: Request, exc: ClientGone) -> Response:
+    return Response(status_code=499)  # nobody reads it; the request was aborted
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return ApiError(500, f"the server failed on this request: {type(exc).__name__}: {exc}",
+                    code="server_error").response()

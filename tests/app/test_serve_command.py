@@ -1,0 +1,59 @@
+"""``kvasir serve``: the endpoint without a window, started as a user starts it and stopped with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[2]
+# Runs `kvasir serve ...`, then says whether Qt was imported on the way.
+ENTRY = "import sys; from app.__main__ import main; rc = main(sys.argv[1:]); print('qt', 'PySide6' in sys.modules, " \
+        "file=sys.stderr); sys.exit(rc)"
+
+
+def test_another_address_without_a_key_is_refused_before_anything_loads(monkeypatch, capsys):
+    monkeypatch.delenv("KVASIR_API_KEY", raising=False)
+    assert main(["serve", "--host", "0.0.0.0", "--model", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "needs an API key" in err and "--api-key" in err
+
+
+def test_a_port_in_use_is_refused_with_a_clear_message(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--model", "no-such-model"]) == 1
+    assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_serve_prints_its_url_serves_and_stops_on_ctrl_c_without_qt(tiny_llama):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["serve", "--port", "0", "--model", str(tiny_llama), "--device", "cpu", "--kv-blocks", "64"]
+    process = subprocess.Popen([sys.executable, "-c", ENTRY, *args], env=env, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("Kvasir serves llama"), (line, process.stderr.read() if process.poll() else "")
+        url = line.split(" at ")[-1].strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        with urllib.request.urlopen(f"{url}/models", timeout=30) as response:
+            assert [m["id"] for m in json.load(response)["data"]] == ["llama"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        err = process.stderr.read()
+        assert "stopping" in err and "qt False" in err
+    finally:
+        if process.poll() is None:
+            process.kill()
