@@ -16,7 +16,8 @@ from .models.library import LibraryEntry, ModelLibrary, data_dir
 from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
 from .serving.engine import Engine
-from .serving.metrics import EngineStats, RequestMetrics, RequestSnapshot
+from .serving.gpu_usage import GpuUsage
+from .serving.metrics import EngineStats, FirstToken, RequestMetrics, RequestSnapshot
 from .serving.outputs import RequestOutput
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "EngineDeadError",
     "EngineError",
     "EngineStats",
+    "FirstToken",
     "FitEstimate",
+    "GpuUsage",
     "LibraryEntry",
     "LibraryError",
     "ModelLibrary",
