@@ -16,7 +16,7 @@ import torch
 
 log = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 0.5
-NO_NVML = "not available: NVML's Python bindings (nvidia-ml-py) are not installed"
+NO_NVML = "not available: needs nvidia-ml-py (NVML)"
 
 
 @dataclass(frozen=True, slots=True)
