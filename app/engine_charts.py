@@ -6,6 +6,7 @@ chart costs nothing and loses nothing.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from PySide6.QtCharts import QCategoryAxis, QChart, QChartView, QLegend, QLineSeries, QScatterSeries, QXYSeries
@@ -18,13 +19,12 @@ from .engine_history import MIN_SPAN_S, RATE_SERIES, EngineHistory
 
 @dataclass(frozen=True, slots=True)
 class Line:
-    """One series of a chart: the history's key, its legend name, its colour, and a mark that tells it from
-    the others without colour (a dash style for lines, a shape for points)."""
+    """One series of a chart: the history's key, its legend name, its colour, and for points their shape, so
+    that two series of one chart tell apart without colour."""
 
     key: str
     name: str
     color: str
-    dashed: bool = False
     square: bool = False
 
 
@@ -61,12 +61,34 @@ def time_ticks(span_s: float) -> tuple[str, list[tuple[float, str]]]:
     return title, ticks + [(0.0, "now")]
 
 
+# A plot is a few hundred pixels wide: more points cost time and show nothing more. Not a divisor of the
+# 1,200 samples of a full history, so its thinning step stays put as the sample count wobbles around that.
+MAX_LINE_POINTS = 250
 WIDEST_LABEL = "12.5k"  # value labels are at most this wide: the left margin makes up the rest
+
+
+def thinned(history: EngineHistory, key: str, most: int = MAX_LINE_POINTS) -> list[tuple[float, float]]:
+    """At most about ``most`` of a series' points, for a line: every k-th by the order they were recorded (so
+    the same ones stay as the window slides and the line does not shimmer), and always the latest."""
+    points = history.points[key]
+    step = -(-len(points) // most) if points else 1
+    if step <= 1:
+        return list(points)
+    first = history.appended[key] - len(points)  # the recorded index of points[0]
+    kept = list(itertools.islice(points, (-first) % step, None, step))
+    if not kept or kept[-1] is not points[-1]:
+        kept.append(points[-1])
+    return kept
 
 
 def axis_number(value: float) -> str:
     """A value axis label: "0", "500", "2500", "12.5k"."""
     return f"{value / 1000:g}k" if value >= 10_000 else f"{value:g}"
+
+
+def _margins(extra_left: int) -> QMargins:
+    """The chart's margins: on the right, room for "now" under the edge."""
+    return QMargins(2 + extra_left, 2, 16, 2)
 
 
 def _set_ticks(axis: QCategoryAxis, ticks: list[tuple[float, str]], low: float, high: float) -> None:
@@ -89,7 +111,8 @@ class TimeChart(QChartView):
         self.setMinimumHeight(150 if len(spec.lines) > 1 else 130)  # a legend takes a line
         chart = QChart()
         chart.setTitle(spec.title)
-        chart.setMargins(QMargins(2, 2, 16, 2))  # on the right, room for "now" under the edge
+        chart.setMargins(_margins(0))
+        self.setAccessibleName(f"{spec.title} chart")
         chart.layout().setContentsMargins(0, 0, 0, 0)
         chart.setBackgroundRoundness(0)
         chart.setBackgroundVisible(False)
@@ -122,7 +145,7 @@ class TimeChart(QChartView):
             series.setColor(color)
             series.setBorderColor(color)
         else:
-            series.setPen(QPen(color, 1.8, Qt.DashLine if line.dashed else Qt.SolidLine))
+            series.setPen(QPen(color, 1.8))
         chart.addSeries(series)
         series.attachAxis(self.value_axis)
         series.attachAxis(self.time_axis)
@@ -130,11 +153,23 @@ class TimeChart(QChartView):
 
     def redraw(self, history: EngineHistory) -> None:
         """Show the history up to its latest snapshot ("now"): points in seconds before it, axes fitted to them."""
-        now = history.latest if history.latest is not None else 0.0
+        now = history.latest or 0.0
         for key, series in self.series.items():
-            series.replace([QPointF(t - now, v) for t, v in history.points[key]])
+            points = history.points[key] if self.spec.scatter else thinned(history, key)
+            series.replace([QPointF(t - now, v) for t, v in points])
         self._set_ceiling(history.ceiling(self.series, self.spec.floor, self.spec.cap))
         self._set_time_span(history.span())
+        self.setAccessibleDescription(self._in_words(history))
+
+    def _in_words(self, history: EngineHistory) -> str:
+        """What the chart shows, for a screen reader: each series' latest and highest value."""
+        parts = []
+        for line in self.spec.lines:
+            values = history.values(line.key)
+            if values:
+                parts.append(f"{line.name}: latest {values[-1]:,.4g} {self.spec.unit}, "
+                             f"highest {max(values):,.4g}")
+        return "; ".join(parts) or "no data yet"
 
     def _set_ceiling(self, top: float) -> None:
         if top == self._ceiling:
@@ -148,7 +183,7 @@ class TimeChart(QChartView):
         """A left margin that makes up for narrower value labels, so that every chart's plot starts at one x."""
         metrics = QFontMetricsF(self.value_axis.labelsFont())
         widest = max(metrics.horizontalAdvance(text) for _, text in labels)
-        self.chart().setMargins(QMargins(2 + round(metrics.horizontalAdvance(WIDEST_LABEL) - widest), 2, 16, 2))
+        self.chart().setMargins(_margins(round(metrics.horizontalAdvance(WIDEST_LABEL) - widest)))
 
     def _set_time_span(self, span: float) -> None:
         if span == self._time_span:
@@ -157,6 +192,10 @@ class TimeChart(QChartView):
         title, ticks = time_ticks(span)
         self.time_axis.setTitleText(title)
         _set_ticks(self.time_axis, ticks, -span, 0.0)
+
+    def points_ago(self, key: str) -> list[tuple[float, float]]:
+        """The drawn points of series ``key`` as (seconds before the latest snapshot, value)."""
+        return [(p.x(), p.y()) for p in self.series[key].points()]
 
     def changeEvent(self, event) -> None:
         if event.type() in (QEvent.PaletteChange, QEvent.ApplicationPaletteChange):

@@ -39,6 +39,7 @@ class EngineHistory:
     def __init__(self, span_s: float = HISTORY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.span_s, self._clock = span_s, clock
         self.points: dict[str, deque[tuple[float, float]]] = {k: deque() for k in (*RATE_SERIES, *REQUEST_SERIES)}
+        self.appended = dict.fromkeys(self.points, 0)  # points ever added per series: a chart draws only the new
         self._last_first_token = 0
         self.latest: float | None = None  # when the newest snapshot came: the charts' "now"
 
@@ -47,7 +48,7 @@ class EngineHistory:
         now = self._clock() if now is None else now
         self.latest = now
         for key, series in RATE_SERIES.items():
-            self.points[key].append((now, float(series.value(stats))))
+            self._append(key, now, float(series.value(stats)))
         new = self._add_first_tokens(stats, now)
         self._trim(now)
         return new
@@ -58,11 +59,15 @@ class EngineHistory:
             self._last_first_token = 0  # a new engine (a restart) counts from one again
         new = [t for t in tokens if t.number > self._last_first_token]
         for token in new:
-            self.points["ttft"].append((now, 1000.0 * token.ttft_s))
-            self.points["queue"].append((now, 1000.0 * token.queue_time_s))
+            self._append("ttft", now, 1000.0 * token.ttft_s)
+            self._append("queue", now, 1000.0 * token.queue_time_s)
         if new:
             self._last_first_token = new[-1].number
         return len(new)
+
+    def _append(self, key: str, t: float, value: float) -> None:
+        self.points[key].append((t, value))
+        self.appended[key] += 1
 
     def _trim(self, now: float) -> None:
         for points in self.points.values():

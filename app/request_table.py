@@ -3,6 +3,7 @@ column is one line there."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,6 +13,13 @@ from PySide6.QtGui import QColor, QPixmap
 from engine import RequestSnapshot
 
 from .panel_format import ms_text
+
+# Roles as plain ints: the view asks data() for every role of every cell at each repaint, and comparing an int
+# with one of PySide6's enum members costs microseconds each time.
+DISPLAY, DECORATION, TOOLTIP, ALIGNMENT, ACCESSIBLE = (
+    int(role.value) for role in (Qt.DisplayRole, Qt.DecorationRole, Qt.ToolTipRole, Qt.TextAlignmentRole,
+                                 Qt.AccessibleTextRole))
+RIGHT = int((Qt.AlignRight | Qt.AlignVCenter).value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,41 +88,39 @@ class RequestTableModel(QAbstractTableModel):
     def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008 - Qt's signature
         return 0 if parent.isValid() else len(COLUMNS)
 
-    def data(self, index: QModelIndex, role: int = Qt.DisplayRole):
-        if not index.isValid() or not 0 <= index.row() < self.rowCount():
+    def data(self, index: QModelIndex, role: int = DISPLAY):
+        role = int(role)
+        if role not in (DISPLAY, TOOLTIP, ACCESSIBLE, DECORATION, ALIGNMENT) or not index.isValid():
             return None
-        request = self.request_at(index.row())
-        if self.is_title_row(index.row()):
+        row = index.row()
+        if not 0 <= row < 2 * len(self.rows):
+            return None
+        request = self.rows[row // 2]
+        if row % 2 == 0:
             return self._title_data(request, index.column(), role)
         column = COLUMNS[index.column()]
-        if role == Qt.DisplayRole:
+        if role == DISPLAY:
             return column.text(request)
-        if role in (Qt.ToolTipRole, Qt.AccessibleTextRole):
+        if role in (TOOLTIP, ACCESSIBLE):
             return f"{request.title}, {column.title}: {column.text(request)}"
-        if role == Qt.TextAlignmentRole:
-            return int(Qt.AlignRight | Qt.AlignVCenter)
-        return None
+        return RIGHT if role == ALIGNMENT else None
 
     @staticmethod
     def _title_data(request: RequestRow, column: int, role: int):
         if column != 0:
             return None
-        if role in (Qt.DisplayRole, Qt.ToolTipRole, Qt.AccessibleTextRole):
+        if role in (DISPLAY, TOOLTIP, ACCESSIBLE):
             return request.title
-        if role == Qt.DecorationRole:
-            return _swatch(request.color)
-        return None
+        return _swatch(request.color) if role == DECORATION else None
 
-    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.DisplayRole):
-        if orientation != Qt.Horizontal or not 0 <= section < len(COLUMNS):
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = DISPLAY):
+        role = int(role)
+        if role not in (DISPLAY, TOOLTIP) or orientation != Qt.Horizontal or not 0 <= section < len(COLUMNS):
             return None
-        if role == Qt.DisplayRole:
-            return COLUMNS[section].title
-        if role == Qt.ToolTipRole:
-            return COLUMNS[section].meaning
-        return None
+        return COLUMNS[section].title if role == DISPLAY else COLUMNS[section].meaning
 
 
+@functools.cache
 def _swatch(color: str, side: int = 10) -> QPixmap:
     """A pool cell's colour as a small square, so the title keeps its room."""
     pixmap = QPixmap(side, side)

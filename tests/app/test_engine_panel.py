@@ -46,7 +46,7 @@ def show_charts(qtbot, panel):
 
 
 def points(chart, key):
-    return [(p.x(), p.y()) for p in chart.series[key].points()]
+    return chart.points_ago(key)
 
 
 def feed(panel, clock, snapshots, step=0.25):
@@ -271,3 +271,25 @@ def test_the_panel_stays_readable_at_the_default_and_a_narrow_size(qtbot, panel,
         assert chart.chart().plotArea().width() > 150, chart.spec.title
     lefts = {round(c.chart().plotArea().left()) for c in panel.charts.charts}
     assert max(lefts) - min(lefts) <= 2  # the plots start at one x, so their times line up
+
+
+def test_a_long_line_is_thinned_to_the_same_points_as_the_window_slides():
+    from app.engine_charts import thinned
+
+    history = EngineHistory(span_s=100.0)
+    for i in range(400):  # four samples a second for 100 s
+        history.add(fake_stats(decode_tokens_per_s=float(i)), now=i * 0.25)
+    first = thinned(history, "decode", most=90)
+    assert len(first) == 81 and first[-1] == history.points["decode"][-1]  # and the latest, always
+    assert [v for _, v in first[:3]] == [0.0, 5.0, 10.0]  # every 5th sample by its recorded index
+    history.add(fake_stats(decode_tokens_per_s=400.0), now=100.25)  # the oldest sample leaves the window
+    later = thinned(history, "decode", most=90)
+    assert [v for _, v in later[:2]] == [5.0, 10.0] and later[-1][1] == 400.0
+
+
+def test_a_chart_says_what_it_shows_to_a_screen_reader(qtbot, panel, clock):
+    show_charts(qtbot, panel)
+    decode = panel.charts.chart("Decode")
+    assert decode.accessibleName() == "Decode chart"
+    feed(panel, clock, [fake_stats(decode_tokens_per_s=v) for v in (12.0, 48.25, 30.5)])
+    assert decode.accessibleDescription() == "decode: latest 30.5 tok/s, highest 48.25"
