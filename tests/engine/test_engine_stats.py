@@ -154,3 +154,34 @@ def test_gpu_usage_is_sampled_at_most_every_interval_and_a_failed_read_keeps_the
     monkeypatch.setattr(gpu_usage.torch.cuda, "mem_get_info", lost)
     clock.now += 1
     assert monitor.read() == first
+
+
+def test_the_gpu_is_read_on_the_engine_thread_only(tiny_llama, monkeypatch):
+    """Reading stats from another thread (the GUI's) returns the engine thread's snapshot: no CUDA call there."""
+    import asyncio
+    import threading
+
+    from engine import AsyncEngine
+
+    readers = []
+    usage = GpuUsage(1 << 30, 8 << 30, 1 << 29, 40, "")
+
+    def read(self):
+        readers.append(threading.current_thread().name)
+        return usage
+
+    monkeypatch.setattr(GpuMonitor, "read", read)
+    engine = AsyncEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=32))
+    try:
+        async def one_reply():
+            async for _ in engine.stream("hello", SHORT):
+                pass
+
+        asyncio.run(one_reply())
+        before = len(readers)
+        stats = [engine.stats() for _ in range(20)]  # from this thread, as the GUI polls
+        assert all(s.gpu == usage for s in stats)
+        assert readers and set(readers) == {"kvasir-engine"}
+        assert len(readers) - before <= 1  # the engine thread's own idle refresh, at most
+    finally:
+        engine.shutdown()
