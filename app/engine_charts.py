@@ -81,9 +81,13 @@ def thinned(history: EngineHistory, key: str, most: int = MAX_LINE_POINTS) -> li
     return kept
 
 
-def axis_number(value: float) -> str:
-    """A value axis label: "0", "500", "2500", "12.5k"."""
-    return f"{value / 1000:g}k" if value >= 10_000 else f"{value:g}"
+def axis_labels(top: float) -> list[tuple[float, str]]:
+    """The value axis' labels at 0, half and ``top``, in thousands ("k") all of them once ``top`` reaches
+    10,000: "0 / 500 / 1000", "0 / 5k / 10k"."""
+    values = (0.0, top / 2, top)
+    if top >= 10_000:
+        return [(v, f"{v / 1000:g}k" if v else "0") for v in values]
+    return [(v, f"{v:g}") for v in values]
 
 
 def _margins(extra_left: int) -> QMargins:
@@ -175,7 +179,7 @@ class TimeChart(QChartView):
         if top == self._ceiling:
             return
         self._ceiling = top
-        labels = [(v, axis_number(v)) for v in (0.0, top / 2, top)]
+        labels = axis_labels(top)
         _set_ticks(self.value_axis, labels, 0.0, top)
         self._pad_left(labels)
 

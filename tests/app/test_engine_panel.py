@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 
 from app.block_pool import COLORS, CONVERSATION_COLORS, LEGEND, CellSwatch, conversation_color
-from app.engine_charts import axis_number, time_ticks
+from app.engine_charts import axis_labels, time_ticks
 from app.engine_history import EngineHistory
 from app.engine_panel import TTFT, EnginePanel
 from app.panel_format import device_text, gpu_load_text, gpu_memory_text, ms_text
@@ -100,8 +100,10 @@ def test_time_ticks_and_axis_numbers():
     assert time_ticks(60) == ("seconds ago", [(-60.0, "60"), (-45.0, "45"), (-30.0, "30"), (-15.0, "15"),
                                               (0.0, "now")])
     assert time_ticks(120) == ("minutes ago", [(-120.0, "2"), (-60.0, "1"), (0.0, "now")])
-    assert [axis_number(v) for v in (0.0, 1.25, 500.0, 2500.0, 12500.0, 25000.0)] == [
-        "0", "1.25", "500", "2500", "12.5k", "25k"]
+    assert [text for _, text in axis_labels(2.5)] == ["0", "1.25", "2.5"]
+    assert [text for _, text in axis_labels(5000.0)] == ["0", "2500", "5000"]
+    assert [text for _, text in axis_labels(10_000.0)] == ["0", "5k", "10k"]
+    assert [text for _, text in axis_labels(25_000.0)] == ["0", "12.5k", "25k"]
 
 
 def test_the_history_records_while_the_charts_are_hidden_and_they_catch_up_when_shown(qtbot, panel, clock):
