@@ -16,8 +16,7 @@ from .models.library import LibraryEntry, ModelLibrary, data_dir
 from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
 from .serving.engine import Engine
-from .serving.gpu_usage import GpuUsage
-from .serving.metrics import EngineStats, FirstToken, RequestMetrics, RequestSnapshot
+from .serving.metrics import EngineStats, FirstToken, GpuUsage, RequestMetrics, RequestSnapshot
 from .serving.outputs import RequestOutput
 
 __all__ = [

@@ -10,25 +10,14 @@ import importlib.util
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
+
+from .metrics import GpuUsage
 
 log = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 0.5
 NO_NVML = "not available: needs nvidia-ml-py (NVML)"
-
-
-@dataclass(frozen=True, slots=True)
-class GpuUsage:
-    """One GPU's memory and load. ``memory_used_bytes`` counts every process on the device; the reserved bytes
-    are this process's torch allocator's."""
-
-    memory_used_bytes: int
-    memory_total_bytes: int
-    memory_reserved_bytes: int
-    utilization_percent: int | None  # kernels running, share of the last sample period; None if unknown
-    utilization_note: str = ""  # why the utilisation is unknown
 
 
 class GpuMonitor:

@@ -7,7 +7,6 @@ from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
-from .gpu_usage import GpuUsage
 from .sequence import Sequence
 
 RATE_WINDOW_S = 3.0  # tokens/s figures cover the last few seconds
@@ -51,6 +50,18 @@ class RequestSnapshot:
     blocks: int  # blocks in its table
     exclusive_blocks: int  # of those, the ones no other request shares
     ttft_s: float | None = None  # from arrival to its first token, once that has come
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """One GPU's memory and load. ``memory_used_bytes`` counts every process on the device; the reserved bytes
+    are this process's torch allocator's."""
+
+    memory_used_bytes: int
+    memory_total_bytes: int
+    memory_reserved_bytes: int
+    utilization_percent: int | None  # kernels running, share of the last sample period; None if unknown
+    utilization_note: str = ""  # why the utilisation is unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,9 @@ import statistics
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, EngineConfig, GpuUsage, SamplingParams
 from engine.serving import gpu_usage
-from engine.serving.gpu_usage import NO_NVML, GpuMonitor, GpuUsage
+from engine.serving.gpu_usage import NO_NVML, GpuMonitor
 from engine.serving.metrics import FIRST_TOKENS_KEPT, EngineCounters
 from engine.step.runner import ModelRunner
 
