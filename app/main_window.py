@@ -377,16 +377,16 @@ class MainWindow(QMainWindow):
         self.bridge.restart()
 
     def _stats(self, stats: EngineStats) -> None:
-        if not self.panel.isVisible():
+        if self.panel.isVisible():
+            owners = {}
+            for request_id, conversation_id in self.controller.request_owners.items():
+                try:
+                    owners[request_id] = (conversation_id, self.conversations.get(conversation_id).title)
+                except KeyError:
+                    continue
+            self.panel.update_stats(stats, owners)
+        else:
             self.panel.record(stats)  # the charts' history goes on while the panel is hidden
-            return
-        owners = {}
-        for request_id, conversation_id in self.controller.request_owners.items():
-            try:
-                owners[request_id] = (conversation_id, self.conversations.get(conversation_id).title)
-            except KeyError:
-                continue
-        self.panel.update_stats(stats, owners)
 
     def _recount_context(self) -> None:
         """Count the chat's tokens again (a worker thread, cached): when the chat, its persona or the model
