@@ -137,6 +137,9 @@ class TimeChart(QChartView):
         chart.legend().setMarkerShape(QLegend.MarkerShapeFromSeries)  # a circle and a square, as plotted
         self._time_span: float | None = None
         self._style()
+        self._set_ceiling(spec.floor)  # axes before the first snapshot, so an empty chart still reads
+        self._set_time_span(MIN_SPAN_S)
+        self.setAccessibleDescription("no data yet")
 
     def _add_series(self, chart: QChart, line: Line) -> QXYSeries:
         series = QScatterSeries() if self.spec.scatter else QLineSeries()

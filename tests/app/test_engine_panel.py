@@ -96,6 +96,14 @@ def test_axis_ranges_follow_the_data(qtbot, panel, clock):
     assert usage.value_axis.max() == 100.0 and usage.value_axis.titleText() == "%"
 
 
+def test_before_the_first_snapshot_the_charts_have_their_axes(qtbot, panel):
+    show_charts(qtbot, panel)
+    decode = panel.charts.chart("Decode")
+    assert decode.value_axis.categoriesLabels() == ["0", "5", "10"] and decode.value_axis.titleText() == "tok/s"
+    assert decode.time_axis.categoriesLabels() == ["60", "45", "30", "15", "now"]
+    assert decode.accessibleDescription() == "no data yet"
+
+
 def test_time_ticks_and_axis_numbers():
     assert time_ticks(60) == ("seconds ago", [(-60.0, "60"), (-45.0, "45"), (-30.0, "30"), (-15.0, "15"),
                                               (0.0, "now")])
