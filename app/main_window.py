@@ -487,6 +487,8 @@ class MainWindow(QMainWindow):
                 except KeyError:
                     continue
             self.panel.update_stats(stats, owners)
+        else:
+            self.panel.record(stats)  # the charts' history goes on while the panel is hidden
 
     def _recount_context(self) -> None:
         """Count the chat's tokens again (a worker thread, cached): when the chat, its persona or the model

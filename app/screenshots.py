@@ -2,7 +2,8 @@
 
 Every reply in them was written by the model (greedy, so the pictures can be made again): nothing is typed
 into the database and credited to it. Shots: a chat while three others stream (light and dark), finished
-replies with their numbers, the context-full question, the engine panel close up, and the model manager.
+replies with their numbers, the context-full question, the engine panel close up (its numbers, then its
+charts), and the model manager.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ async def capture(window, out: Path) -> list[Path]:
     window.apply_theme("light")
     window._stats(window.bridge.stats())
     await save(window.panel, "engine-panel")
+    window.panel.tabs.setCurrentIndex(1)
+    await save(window.panel, "engine-charts")
+    window.panel.tabs.setCurrentIndex(0)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

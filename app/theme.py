@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
@@ -31,10 +33,12 @@ def follow_system_scheme(callback) -> bool:
 def stop_following_system_scheme(callback) -> None:
     signal = getattr(QGuiApplication.styleHints(), "colorSchemeChanged", None)
     if signal is not None:
-        try:
-            signal.disconnect(callback)
-        except (RuntimeError, TypeError):  # never connected, or Qt already dropped it
-            pass
+        with warnings.catch_warnings():  # PySide warns, besides raising, when the connection is already gone
+            warnings.simplefilter("ignore", RuntimeWarning)
+            try:
+                signal.disconnect(callback)
+            except (RuntimeError, TypeError):  # never connected, or Qt already dropped it
+                pass
 
 
 def is_dark(choice: str) -> bool:

@@ -20,7 +20,7 @@ from .models.library import LibraryEntry, ModelLibrary, data_dir
 from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
 from .serving.engine import Engine
-from .serving.metrics import EngineStats, RequestMetrics, RequestSnapshot
+from .serving.metrics import EngineStats, FirstToken, GpuUsage, RequestMetrics, RequestSnapshot
 from .serving.outputs import RequestOutput
 
 __all__ = [
@@ -39,7 +39,9 @@ __all__ = [
     "EngineDeadError",
     "EngineError",
     "EngineStats",
+    "FirstToken",
     "FitEstimate",
+    "GpuUsage",
     "LibraryEntry",
     "LibraryError",
     "ModelLibrary",

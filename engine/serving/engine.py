@@ -21,6 +21,7 @@ from ..step import attention
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.runner import ModelRunner
 from .block_manager import BlockManager
+from .gpu_usage import GpuMonitor
 from .kv_cache import KVCache, KVShape, kv_cache_blocks
 from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
@@ -52,6 +53,7 @@ class Engine:
             raise ModelLoadError(f"this configuration does not fit in memory: {fit.summary()}")
         self.config = config
         self.device, self.device_reason = resolve_device(config.device)
+        self.gpu_monitor = GpuMonitor(self.device)
         self.attention_backend, self.attention_reason = self._pick_backend()
         block_size = config.block_size
         if self.attention_backend == "flash_attn" and block_size % attention.FLASH_BLOCK_SIZE:
@@ -121,6 +123,7 @@ class Engine:
         outputs, self._pending = self._pending, []
         for seq in list(self._sequences.values()):
             seq.status, seq.finish_reason, seq.error = Status.FINISHED, "error", error
+            self.counters.record_error()
             text, delta = self._text_so_far(seq.request_id, final=True)
             outputs.append(self._output(seq, [], delta, text))
         self._sequences.clear()
@@ -249,6 +252,10 @@ class Engine:
             requests=tuple(self._snapshot(seq) for seq in self._sequences.values()),
             kv_cache_memory_bytes=self.kv_cache.memory_bytes,
             max_model_len=self.max_model_len,
+            num_errors_total=self.counters.errors_total,
+            queue_time_p50_s=self.counters.queue_time_p50(),
+            first_tokens=self.counters.first_tokens(),
+            gpu=self.gpu_monitor.read(),
         )
 
     def _snapshot(self, seq: Sequence) -> RequestSnapshot:
@@ -370,7 +377,8 @@ class Engine:
         for chunk in scheduled.chunks:
             if chunk.seq.first_scheduled_time is None:
                 chunk.seq.first_scheduled_time = start
-                self.counters.record_admission(chunk.seq.num_prompt_tokens, chunk.seq.num_cached_prompt_tokens or 0)
+                self.counters.record_admission(chunk.seq.num_prompt_tokens, chunk.seq.num_cached_prompt_tokens or 0,
+                                               start - chunk.seq.arrival_time)
         sampled, failed = self._forward(scheduled.chunks)
         end = time.perf_counter()
         for chunk, exc in failed:
@@ -423,7 +431,9 @@ class Engine:
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
         seq.token_ids.append(token)
-        seq.first_token_time = seq.first_token_time or now
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.counters.record_first_token(now - seq.arrival_time, seq.first_scheduled_time - seq.arrival_time)
         seq.last_token_time = now
         detok = self._detokenizers[seq.request_id]
         reason = self._finish_reason(seq, token, detok)
@@ -445,6 +455,8 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, error: str | None, report: bool = True) -> RequestOutput:
         self.scheduler.finish(seq)
         seq.finish_reason, seq.error = reason, error
+        if reason == "error":
+            self.counters.record_error()
         text, delta = self._text_so_far(seq.request_id, final=True)
         self._detokenizers.pop(seq.request_id, None)
         self._sequences.pop(seq.request_id, None)

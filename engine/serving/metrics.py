@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from statistics import median
 
 from .sequence import Sequence
 
 RATE_WINDOW_S = 3.0  # tokens/s figures cover the last few seconds
-HIT_RATE_WINDOW = 64  # prefix hit rate covers the last admitted requests
+HIT_RATE_WINDOW = 64  # prefix hit rate and the queue-time median cover the last admitted requests
+FIRST_TOKENS_KEPT = 64  # a snapshot carries this many of the latest first tokens, for per-request plots
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,28 @@ class RequestSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """One GPU's memory and load. ``memory_used_bytes`` counts every process on the device; the reserved bytes
+    are this process's torch allocator's."""
+
+    memory_used_bytes: int
+    memory_total_bytes: int
+    memory_reserved_bytes: int
+    utilization_percent: int | None  # kernels running, share of the last sample period; None if unknown
+    utilization_note: str = ""  # why the utilisation is unknown
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """A request's first token: its TTFT and queue time. ``number`` counts first tokens since the engine
+    started, so a reader of successive snapshots can tell the ones it has not seen yet."""
+
+    number: int
+    ttft_s: float
+    queue_time_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine. Invariant: ``kv_blocks_used + kv_blocks_cached + kv_blocks_free ==
     kv_blocks_total``."""
@@ -85,6 +109,10 @@ class EngineStats:
     attention_reason: str = ""  # why this attention backend (flash-attn's limits, say)
     warnings: tuple[str, ...] = ()
     requests: tuple[RequestSnapshot, ...] = ()
+    num_errors_total: int = 0  # requests that ended with finish_reason "error" since the engine started
+    queue_time_p50_s: float | None = None  # median queue time of the last admitted requests (None before any)
+    first_tokens: tuple[FirstToken, ...] = ()  # the latest first tokens, oldest first
+    gpu: GpuUsage | None = None  # memory and load of the GPU it runs on; None on the CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +129,31 @@ class EngineCounters:
         self.prompt_tokens_total = 0
         self.cached_prompt_tokens_total = 0
         self.generated_tokens_total = 0
+        self.errors_total = 0
         self._steps: deque[_StepRecord] = deque()
-        self._admissions: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
+        self._admissions: deque[tuple[int, int, float]] = deque(maxlen=HIT_RATE_WINDOW)
+        self._first_tokens: deque[FirstToken] = deque(maxlen=FIRST_TOKENS_KEPT)
+        self._num_first_tokens = 0
         self._first_step_start: float | None = None
 
-    def record_admission(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def record_admission(self, prompt_tokens: int, cached_tokens: int, queue_time_s: float) -> None:
         self.prompt_tokens_total += prompt_tokens
         self.cached_prompt_tokens_total += cached_tokens
-        self._admissions.append((prompt_tokens, cached_tokens))
+        self._admissions.append((prompt_tokens, cached_tokens, queue_time_s))
+
+    def record_first_token(self, ttft_s: float, queue_time_s: float) -> None:
+        self._num_first_tokens += 1
+        self._first_tokens.append(FirstToken(self._num_first_tokens, ttft_s, queue_time_s))
+
+    def record_error(self) -> None:
+        self.errors_total += 1
+
+    def first_tokens(self) -> tuple[FirstToken, ...]:
+        return tuple(self._first_tokens)
+
+    def queue_time_p50(self) -> float | None:
+        """The median queue time of the last admitted requests, or None before the first."""
+        return median(q for _, _, q in self._admissions) if self._admissions else None
 
     def record_step(self, start: float, end: float, prefill_tokens: int, decode_tokens: int) -> None:
         self.generated_tokens_total += decode_tokens
@@ -118,8 +163,8 @@ class EngineCounters:
         self._trim(end)
 
     def prefix_hit_rate(self) -> float:
-        prompt = sum(p for p, _ in self._admissions)
-        return sum(c for _, c in self._admissions) / prompt if prompt else 0.0
+        prompt = sum(p for p, _, _ in self._admissions)
+        return sum(c for _, c, _ in self._admissions) / prompt if prompt else 0.0
 
     def rates(self, now: float | None = None) -> tuple[float, float]:
         """Prefill and decode tokens/s over the last ``RATE_WINDOW_S`` seconds of wall time."""

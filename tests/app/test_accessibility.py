@@ -35,9 +35,11 @@ INTERACTIVE = (QAbstractButton, QLineEdit, QTextEdit, QPlainTextEdit, QComboBox,
 
 def _part_of_another_control(widget: QWidget) -> bool:
     """A spin box's line edit, a combo box's list, a line edit's clear button, a scroll area's bars, a tree's
-    header: the control they belong to carries the name."""
+    header, a table's select-all corner: the control they belong to carries the name."""
     if isinstance(widget, QScrollBar) or isinstance(widget, QHeaderView) and isinstance(
             widget.parentWidget(), QAbstractItemView):
+        return True
+    if widget.objectName() == "qt_tableview_cornerbutton":
         return True
     parent = widget.parentWidget()
     while parent is not None:

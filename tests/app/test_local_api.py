@@ -127,7 +127,8 @@ def test_the_panel_names_api_requests(qtbot):
                               output_tokens=5, queue_time_s=None, decode_tokens_per_s=20.0, blocks=3,
                               exclusive_blocks=1, source="api")
     panel.update_stats(fake_stats(requests=(request,)))
-    assert "API · areq-7" in panel.requests_label.text()
+    title = panel.requests.data(panel.requests.index(0, 0))
+    assert title == "API · areq-7"
 
 
 def test_on_the_real_engine_window_and_api_share_it_and_the_api_follows_a_switch(qtbot, qloop, store, tmp_path,

@@ -109,8 +109,10 @@ def test_panel_colours_the_pool_by_conversation_and_lists_requests(window):
     segments = window.panel.pool.segments
     assert segments[0][0] == 3 and segments[0][1].name() != segments[1][1].name()
     assert sum(n for n, _, _ in segments) + window.panel.pool.free == stats.kv_blocks_total
-    text = window.panel.requests_label.text()
-    assert "Trip planning: 21.5 tok/s, queued 2 ms" in text and "r2: waiting" in text
+    model = window.panel.requests
+    listed = [[model.index(r, c).data() for c in range(model.columnCount())] for r in range(model.rowCount())]
+    assert listed[0][0] == "Trip planning" and listed[1][1:] == ["21.5", "–", "2 ms"]
+    assert listed[2][0] == "r2" and listed[3][1] == "queued"
 
 
 def test_search_filters_the_sidebar(qtbot, window, qloop, store):
@@ -165,7 +167,7 @@ def test_the_block_pool_shows_each_chats_blocks_at_any_pool_size(qtbot, pool):
     """30 blocks of one chat, 6 shared and 20 cached stay visible in a pool of 64 to 100,000 blocks."""
     from PySide6.QtGui import QColor
 
-    from app.engine_panel import COLORS, BlockPoolView
+    from app.block_pool import COLORS, BlockPoolView
 
     view = BlockPoolView()
     qtbot.addWidget(view)
@@ -182,7 +184,7 @@ def test_the_block_pool_shows_each_chats_blocks_at_any_pool_size(qtbot, pool):
 def test_a_pool_fuller_than_its_cells_aggregates_blocks(qtbot):
     from PySide6.QtGui import QColor
 
-    from app.engine_panel import BlockPoolView
+    from app.block_pool import BlockPoolView
 
     view = BlockPoolView()
     qtbot.addWidget(view)
