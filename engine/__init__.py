@@ -9,9 +9,23 @@ This module is the engine's only door: the app and the checks import from ``engi
 """
 
 from .config import AUTO_QUANTIZATION_RULE, DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
-from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, UnsupportedModelError
+from .errors import (
+    DownloadCancelled,
+    EngineDeadError,
+    EngineError,
+    HubError,
+    LibraryError,
+    ModelLoadError,
+    UnsupportedModelError,
+)
 from .models.fit import FitEstimate
 from .models.fit import estimate as estimate_fit
+from .models.hub_download import DownloadProgress, HubDownload
+from .models.hub_fit import HubFit
+from .models.hub_fit import fit_options as fit_hub_options
+from .models.hub_search import HubModel, HubOption, HubRepo
+from .models.hub_search import repo_options as hub_repo_options
+from .models.hub_search import search_models as search_hub
 from .models.library import LibraryEntry, ModelLibrary, data_dir
 from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
@@ -24,12 +38,20 @@ __all__ = [
     "DTYPES",
     "QUANTIZATIONS",
     "AsyncEngine",
+    "DownloadCancelled",
+    "DownloadProgress",
     "Engine",
     "EngineConfig",
     "EngineDeadError",
     "EngineError",
     "EngineStats",
     "FitEstimate",
+    "HubDownload",
+    "HubError",
+    "HubFit",
+    "HubModel",
+    "HubOption",
+    "HubRepo",
     "LibraryEntry",
     "LibraryError",
     "ModelLibrary",
@@ -42,4 +64,7 @@ __all__ = [
     "WEIGHT_MODES",
     "data_dir",
     "estimate_fit",
+    "fit_hub_options",
+    "hub_repo_options",
+    "search_hub",
 ]

@@ -64,9 +64,10 @@ def _reason(exc: Exception, address: str) -> str:
     if isinstance(exc, errors.EntryNotFoundError):
         return "the file is not in the repository (it may have been removed; search again)"
     if isinstance(exc, errors.HfHubHTTPError):
-        status = exc.response.status_code if exc.response is not None else "an error"
+        status = exc.response.status_code if exc.response is not None else 0
         detail = (exc.server_message or "").strip().splitlines()
-        return f"the Hub answered {status}" + (f" ({detail[0]})" if detail else "") + "; try again later"
+        text = f"the Hub answered {status or 'an error'}" + (f" ({detail[0]})" if detail else "")
+        return text + ("; try again later" if status >= 500 or status in (408, 429) else "")
     if isinstance(exc, http.TimeoutException):
         return f"{address} did not answer in time; check the network and try again"
     if isinstance(exc, http.TransportError):

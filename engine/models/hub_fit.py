@@ -65,7 +65,7 @@ class HubFit:
     def explanation(self) -> str:
         if self.estimate is None:
             return self.reason
-        return f"Estimate before download. {self.estimate.summary()}"
+        return f"Estimate before download: {self.estimate.summary()}."
 
 
 def fit_options(repo: HubRepo, quantization: str = "auto", device: str = "auto",
@@ -183,7 +183,8 @@ def _embedding_type(quantization: str) -> str | None:
 
 
 def _sized(info: ModelInfo, option: HubOption) -> ModelInfo:
-    return ModelInfo(**{**info.to_dict(), "size_on_disk": option.size})
+    """The sampled file's description, named and sized as ``option``."""
+    return ModelInfo(**{**info.to_dict(), "name": Path(option.name).stem, "size_on_disk": option.size})
 
 
 def _sparse_gguf(repo: HubRepo, option: HubOption, tmp: Path, address: str | None) -> Path:

@@ -15,39 +15,20 @@ from engine.models.hub_download import DownloadSettings, HubDownload, download_f
 from engine.models.hub_fit import COMFORTABLE_CONTEXT, fit_options
 from engine.models.hub_search import gguf_quantization, repo_options, search_models
 from engine.models.library import ModelLibrary
-from tests.helpers.fake_hub import FakeHub, FakeRepo
-from tests.helpers.tiny_gguf import write_tiny_llama_gguf
-
-GGUF_REPO = "tiny-org/tiny-llama-GGUF"
-HF_REPO = "tiny-org/tiny-llama"
+from tests.helpers.fake_hub import GGUF_REPO, HF_REPO, FakeHub, tiny_ggufs, tiny_repos
 
 
 @pytest.fixture(scope="session")
-def tiny_ggufs(tiny_llama, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hub-gguf")
-    q4 = write_tiny_llama_gguf(tiny_llama, folder / "tiny-llama-Q4_1.gguf", linear_type="Q4_1", embedding_type="Q8_0")
-    q8 = write_tiny_llama_gguf(tiny_llama, folder / "tiny-llama-Q8_0.gguf", linear_type="Q8_0", embedding_type="Q8_0")
-    return {"tiny-llama-Q4_1.gguf": q4.read_bytes(), "tiny-llama-Q8_0.gguf": q8.read_bytes()}
+def ggufs(tiny_llama, tmp_path_factory):
+    return tiny_ggufs(tiny_llama, tmp_path_factory.mktemp("hub-gguf"))
 
 
 @pytest.fixture
-def hub(tiny_ggufs, tiny_llama, monkeypatch):
+def hub(ggufs, tiny_llama, monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite runs offline otherwise
-    gguf_files = {**tiny_ggufs, "mmproj-tiny-f16.gguf": b"GGUF" + bytes(64),
-                  "big/tiny-llama-Q4_K_M-00001-of-00002.gguf": bytes(1000),
-                  "big/tiny-llama-Q4_K_M-00002-of-00002.gguf": bytes(500), "README.md": b"---\nlicense: mit\n---\n"}
-    hf_files = {f.name: f.read_bytes() for f in tiny_llama.iterdir() if f.is_file()}
-    repos = [
-        FakeRepo(GGUF_REPO, gguf_files, tags=["gguf", "text-generation", "conversational"], downloads=500, likes=7),
-        FakeRepo(HF_REPO, hf_files, tags=["safetensors", "llama", "text-generation"], downloads=900, likes=3,
-                 parameters={"F32": 6_500_000}),
-        FakeRepo("tiny-org/tiny-llama-onnx", {"model.onnx": b"x"}, tags=["onnx", "text-generation"], downloads=5000),
-        FakeRepo("tiny-org/tiny-llama-embedder", {"model.safetensors": b"x"}, tags=["safetensors"],
-                 pipeline_tag="feature-extraction", downloads=10_000),
-    ]
-    with FakeHub(repos) as server:
+    with FakeHub(tiny_repos(ggufs, tiny_llama)) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         yield server
 
@@ -70,15 +51,15 @@ def test_search_lists_chat_models_with_loadable_weights_most_downloaded_first(hu
     assert asked and set(asked) == {"/api/models"}
 
 
-def test_a_repository_becomes_options_with_quantisation_and_size(hub, tiny_ggufs, tiny_llama):
+def test_a_repository_becomes_options_with_quantisation_and_size(hub, ggufs, tiny_llama):
     repo = repo_options(GGUF_REPO)
     assert repo.revision == hub.repos[GGUF_REPO].sha
     names = [o.name for o in repo.options]
     assert names == ["big/tiny-llama-Q4_K_M-00001-of-00002.gguf", "tiny-llama-Q4_1.gguf", "tiny-llama-Q8_0.gguf"]
     split, q4, q8 = repo.options
-    assert (q4.quantization, q4.size, q4.problem) == ("Q4_1", len(tiny_ggufs["tiny-llama-Q4_1.gguf"]), None)
+    assert (q4.quantization, q4.size, q4.problem) == ("Q4_1", len(ggufs["tiny-llama-Q4_1.gguf"]), None)
     assert q8.quantization == "Q8_0" and q8.files[0].sha256 == hashlib.sha256(
-        tiny_ggufs["tiny-llama-Q8_0.gguf"]).hexdigest()
+        ggufs["tiny-llama-Q8_0.gguf"]).hexdigest()
     assert split.quantization == "Q4_K_M" and split.size == 1500 and "split into 2 files" in split.problem
     hf = repo_options(HF_REPO)
     (option,) = hf.options
@@ -96,7 +77,7 @@ def test_quantisation_is_read_from_the_file_name(name, quant):
     assert gguf_quantization(name) == quant
 
 
-def test_fit_is_estimated_from_remote_headers_without_downloading(hub, tiny_ggufs, tmp_path):
+def test_fit_is_estimated_from_remote_headers_without_downloading(hub, ggufs, tmp_path):
     from engine import EngineConfig, estimate_fit
 
     repo = repo_options(GGUF_REPO)
@@ -108,7 +89,7 @@ def test_fit_is_estimated_from_remote_headers_without_downloading(hub, tiny_gguf
     assert (q4.estimate.quantization, q8.estimate.quantization) == ("int4", "w8")  # auto on the CPU, by the quant
     local = {}
     for name in ("tiny-llama-Q4_1.gguf", "tiny-llama-Q8_0.gguf"):
-        (tmp_path / name).write_bytes(tiny_ggufs[name])
+        (tmp_path / name).write_bytes(ggufs[name])
         local[name] = estimate_fit(EngineConfig(model=str(tmp_path / name), device="cpu"))
     exact = local["tiny-llama-Q4_1.gguf"]  # the file whose header was read: the estimate of the file itself
     assert (q4.estimate.weight_bytes, q4.estimate.kv_bytes_per_token) == (exact.weight_bytes, exact.kv_bytes_per_token)
@@ -120,7 +101,7 @@ def test_fit_is_estimated_from_remote_headers_without_downloading(hub, tiny_gguf
     gets = [e for e in hub.log if e.method == "GET" and "/resolve/" in e.path]
     assert [e.path.rsplit("/", 1)[-1] for e in gets] == ["tiny-llama-Q4_1.gguf"]
     assert gets[0].range.startswith("bytes=0-") and hub.sent["tiny-llama-Q4_1.gguf"] < len(
-        tiny_ggufs["tiny-llama-Q4_1.gguf"])
+        ggufs["tiny-llama-Q4_1.gguf"])
 
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])
@@ -145,13 +126,13 @@ def test_a_model_too_big_for_the_memory_says_so(hub, monkeypatch):
     assert fits["tiny-llama-Q8_0.gguf"].label() == "too big (estimate)"
 
 
-def test_download_reports_progress_and_adds_to_the_library(hub, library, tiny_ggufs):
+def test_download_reports_progress_and_adds_to_the_library(hub, library, ggufs):
     repo = repo_options(GGUF_REPO)
     seen = []
     download = HubDownload(repo, repo.option("tiny-llama-Q4_1.gguf"), library, progress=seen.append,
                            settings=DownloadSettings(progress_interval_s=0))
     entry = download.run()
-    data = tiny_ggufs["tiny-llama-Q4_1.gguf"]
+    data = ggufs["tiny-llama-Q4_1.gguf"]
     assert seen[-1].done == seen[-1].total == len(data)
     assert [p.done for p in seen] == sorted(p.done for p in seen) and len(seen) > 2
     assert (download_folder(library, GGUF_REPO) / "tiny-llama-Q4_1.gguf").read_bytes() == data
@@ -189,26 +170,26 @@ def _cancel_halfway(hub, library, name):
     return repo, download
 
 
-def test_cancel_keeps_nothing_in_the_library_and_resume_continues_with_a_range(hub, library, tiny_ggufs):
+def test_cancel_keeps_nothing_in_the_library_and_resume_continues_with_a_range(hub, library, ggufs):
     name = "tiny-llama-Q8_0.gguf"
     repo, cancelled = _cancel_halfway(hub, library, name)
     kept = cancelled.partial_bytes()
-    assert 1024**2 < kept < len(tiny_ggufs[name])
+    assert 1024**2 < kept < len(ggufs[name])
     assert len(library.entries()) == 1  # the bundled model only
     assert not (download_folder(library, GGUF_REPO) / name).exists()
     hub.throttle.clear()
     seen = []
     entry = HubDownload(repo, repo.option(name), library, progress=seen.append).run()
     assert hub.ranges(name) == [None, f"bytes={kept}-"]
-    assert seen[0].resumed_from == kept and seen[-1].done == len(tiny_ggufs[name])
-    assert (download_folder(library, GGUF_REPO) / name).read_bytes() == tiny_ggufs[name]
+    assert seen[0].resumed_from == kept and seen[-1].done == len(ggufs[name])
+    assert (download_folder(library, GGUF_REPO) / name).read_bytes() == ggufs[name]
     assert library.entries()[1].spec == entry.spec
 
 
-def test_a_damaged_download_is_refused_and_not_added(hub, library, tiny_ggufs):
+def test_a_damaged_download_is_refused_and_not_added(hub, library, ggufs):
     name = "tiny-llama-Q4_1.gguf"
     repo = repo_options(GGUF_REPO)
-    data = bytearray(tiny_ggufs[name])
+    data = bytearray(ggufs[name])
     data[-1] ^= 0xFF  # the server now sends other bytes than the listing's hash
     hub.repos[GGUF_REPO].files[name] = bytes(data)
     with pytest.raises(HubError, match="arrived damaged"):

@@ -16,7 +16,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+GGUF_REPO = "tiny-org/tiny-llama-GGUF"
+HF_REPO = "tiny-org/tiny-llama"
 
 
 @dataclass
@@ -207,3 +211,31 @@ def _handler(hub: FakeHub):
                 pass  # the client went away (a cancelled download)
 
     return Handler
+
+
+def tiny_ggufs(tiny_llama: Path, folder: Path) -> dict[str, bytes]:
+    """Two real GGUF files of the tiny llama, as a GGUF repository holds them: Q4_1 and Q8_0."""
+    from tests.helpers.tiny_gguf import write_tiny_llama_gguf
+
+    files = {}
+    for name, linear in (("tiny-llama-Q4_1.gguf", "Q4_1"), ("tiny-llama-Q8_0.gguf", "Q8_0")):
+        files[name] = write_tiny_llama_gguf(tiny_llama, folder / name, linear_type=linear,
+                                            embedding_type="Q8_0").read_bytes()
+    return files
+
+
+def tiny_repos(ggufs: dict[str, bytes], tiny_llama: Path) -> list[FakeRepo]:
+    """A GGUF repository (two usable files, a split one, a vision projector), a safetensors one, and two
+    that a chat search must leave out (ONNX weights only; not a text-generation model)."""
+    gguf_files = {**ggufs, "mmproj-tiny-f16.gguf": b"GGUF" + bytes(64),
+                  "big/tiny-llama-Q4_K_M-00001-of-00002.gguf": bytes(1000),
+                  "big/tiny-llama-Q4_K_M-00002-of-00002.gguf": bytes(500), "README.md": b"---\nlicense: mit\n---\n"}
+    hf_files = {f.name: f.read_bytes() for f in tiny_llama.iterdir() if f.is_file()}
+    return [
+        FakeRepo(GGUF_REPO, gguf_files, tags=["gguf", "text-generation", "conversational"], downloads=500, likes=7),
+        FakeRepo(HF_REPO, hf_files, tags=["safetensors", "llama", "text-generation"], downloads=900, likes=3,
+                 parameters={"F32": 6_500_000}),
+        FakeRepo("tiny-org/tiny-llama-onnx", {"model.onnx": b"x"}, tags=["onnx", "text-generation"], downloads=5000),
+        FakeRepo("tiny-org/tiny-llama-embedder", {"model.safetensors": b"x"}, tags=["safetensors"],
+                 pipeline_tag="feature-extraction", downloads=10_000),
+    ]
