@@ -79,7 +79,10 @@ def _reason(exc: Exception, address: str) -> str:
 
 def fetch_bytes(repo_id: str, path: str, revision: str, address: str | None = None,
                 byte_range: tuple[int, int] | None = None) -> bytes:
-    """A small file of a repository (or bytes ``[start, end)`` of a large one), through huggingface_hub's session."""
+    """A small file of a repository (or bytes ``[start, end)`` of a large one), through huggingface_hub's session.
+
+    Reading stops at the range's end even when a server ignores the Range header and sends the whole file.
+    """
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
@@ -89,6 +92,21 @@ def fetch_bytes(repo_id: str, path: str, revision: str, address: str | None = No
     if byte_range is not None:
         headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
     with in_words(f"{path} of {repo_id} could not be read", address):
-        response = get_session().get(url, headers=headers, timeout=API_TIMEOUT_S)
-        hf_raise_for_status(response)
-        return response.content
+        with get_session().stream("GET", url, headers=headers, timeout=API_TIMEOUT_S) as response:
+            hf_raise_for_status(response)
+            if byte_range is None:
+                return response.read()
+            wanted = byte_range[1] - byte_range[0]
+            if response.status_code != 206 and byte_range[0]:
+                raise HubError(f"{address} does not answer requests for part of a file (HTTP Range)")
+            return _first_bytes(response, wanted)
+
+
+def _first_bytes(response, wanted: int) -> bytes:
+    chunks, have = [], 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        have += len(chunk)
+        if have >= wanted:
+            break
+    return b"".join(chunks)[:wanted]

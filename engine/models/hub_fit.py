@@ -39,11 +39,11 @@ from .hub_api import API_TIMEOUT_S, fetch_bytes, hub_api, in_words
 from .hub_search import HubOption, HubRepo
 from .model_info import ModelInfo, read_model_info
 from .sources import resolve_source
+from .weights_check import INDEX_NAME
 
 GGUF_HEADER_FIRST = 4 * 1024**2  # most headers (a 150k-token vocabulary included) fit in this
 GGUF_HEADER_MAX = 64 * 1024**2
 COMFORTABLE_CONTEXT = 8192  # below this much context (or the model's whole context, if shorter) it is "tight"
-INDEX_NAME = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True, slots=True)

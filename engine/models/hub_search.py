@@ -17,11 +17,13 @@ from pathlib import PurePosixPath
 
 from .hub_api import API_TIMEOUT_S, hub_api, in_words
 from .sources import HUB_PATTERNS, REPO_ID
+from .weights_check import INDEX_NAME, SINGLE_NAME
 
 PAGE_SIZE = 20
 CHAT_PIPELINE = "text-generation"
 FORMATS = ("gguf", "safetensors")  # the weight formats Kvasir loads, as the Hub tags them
 SEARCH_EXPAND = ["downloads", "likes", "lastModified", "tags", "pipeline_tag", "gated"]
+SHARD = re.compile(r"^.+-\d{5}-of-\d{5}\.safetensors$")  # transformers' shard names
 SPLIT_GGUF = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 NOT_A_CHAT_MODEL = ("mmproj", "imatrix")  # vision projectors and importance matrices beside the models
 
@@ -148,16 +150,27 @@ def _gguf_options(files: list[RemoteFile]) -> list[HubOption]:
 
 
 def _safetensors_options(files: list[RemoteFile], info) -> list[HubOption]:
-    """The root folder's safetensors weights with the files that come with them (config, tokenizer)."""
+    """The root folder's safetensors model: the weights transformers reads (the index's shards, else
+    model.safetensors; not the extra copies some releases carry, such as consolidated.safetensors) with the
+    files that come with them (config, tokenizer)."""
     root = [f for f in files if "/" not in f.path]
-    weights = [f for f in root if f.path.endswith(".safetensors")]
-    if not weights:
+    names = {f.path for f in root}
+    if not any(f.path.endswith(".safetensors") for f in root):
         return []
-    wanted = [f for f in root if any(fnmatch.fnmatch(f.path, p) for p in HUB_PATTERNS)]
+    extras = {f.path for f in root if f.path.endswith(".safetensors") and not _model_weights(f.path, names)}
+    wanted = [f for f in root if f.path not in extras and any(fnmatch.fnmatch(f.path, p) for p in HUB_PATTERNS)]
     problem = None
-    if not any(f.path == "config.json" for f in root):
+    if "config.json" not in names:
         problem = "no config.json beside the weights, so transformers can't build the model"
+    elif not any(f.path.endswith(".safetensors") for f in wanted):
+        problem = f"no {SINGLE_NAME} and no {INDEX_NAME}, so transformers would not find the weights"
     return [HubOption("hf", "safetensors", _safetensors_dtype(info), tuple(wanted), problem)]
+
+
+def _model_weights(name: str, names: set[str]) -> bool:
+    if INDEX_NAME in names:
+        return bool(SHARD.match(name)) or not any(SHARD.match(n) for n in names)
+    return name == SINGLE_NAME
 
 
 def _safetensors_dtype(info) -> str:

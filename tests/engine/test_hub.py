@@ -15,7 +15,7 @@ from engine.models.hub_download import DownloadSettings, HubDownload, download_f
 from engine.models.hub_fit import COMFORTABLE_CONTEXT, fit_options
 from engine.models.hub_search import gguf_quantization, repo_options, search_models
 from engine.models.library import ModelLibrary
-from tests.helpers.fake_hub import GGUF_REPO, HF_REPO, FakeHub, tiny_ggufs, tiny_repos
+from tests.helpers.fake_hub import GGUF_REPO, HF_REPO, FakeHub, FakeRepo, tiny_ggufs, tiny_repos
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +66,22 @@ def test_a_repository_becomes_options_with_quantisation_and_size(hub, ggufs, tin
     on_disk = {f.name: f.stat().st_size for f in tiny_llama.iterdir() if f.is_file()}
     assert option.kind == "hf" and option.quantization == "F32" and option.size == sum(on_disk.values())
     assert {f.path for f in option.files} == set(on_disk)
+
+
+def test_a_sharded_model_takes_its_shards_and_not_the_extra_copies(hub):
+    files = {name: b"{}" for name in ("config.json", "model.safetensors.index.json", "tokenizer.json",
+                                      "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                      "consolidated.safetensors", "original/params.json", "pytorch_model.bin")}
+    hub.repos["tiny-org/sharded"] = FakeRepo("tiny-org/sharded", files, tags=["safetensors", "text-generation"])
+    (option,) = repo_options("tiny-org/sharded").options
+    assert sorted(f.path for f in option.files) == [
+        "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json", "tokenizer.json"]
+    assert [f.path for f in option.weight_files] == ["model-00001-of-00002.safetensors",
+                                                     "model-00002-of-00002.safetensors"]
+    del files["config.json"]
+    hub.repos["tiny-org/sharded"] = FakeRepo("tiny-org/sharded", files, tags=["safetensors"])
+    assert "no config.json" in repo_options("tiny-org/sharded").options[0].problem
 
 
 @pytest.mark.parametrize(("name", "quant"), [
@@ -184,6 +200,20 @@ def test_cancel_keeps_nothing_in_the_library_and_resume_continues_with_a_range(h
     assert seen[0].resumed_from == kept and seen[-1].done == len(ggufs[name])
     assert (download_folder(library, GGUF_REPO) / name).read_bytes() == ggufs[name]
     assert library.entries()[1].spec == entry.spec
+
+
+def test_a_server_that_ignores_ranges_gets_a_whole_new_copy(hub, library, ggufs):
+    name = "tiny-llama-Q8_0.gguf"
+    repo, cancelled = _cancel_halfway(hub, library, name)
+    assert cancelled.partial_bytes() > 0
+    hub.throttle.clear()
+    hub.ignore_range = True
+    seen = []
+    HubDownload(repo, repo.option(name), library, progress=seen.append).run()
+    assert hub.ranges(name)[-1].startswith("bytes=")  # asked to continue; answered with the whole file
+    assert (download_folder(library, GGUF_REPO) / name).read_bytes() == ggufs[name]
+    assert seen[-1].done == len(ggufs[name])
+    assert fit_options(repo_options(GGUF_REPO), device="cpu")[name].verdict == "fits"  # header read capped
 
 
 def test_a_damaged_download_is_refused_and_not_added(hub, library, ggufs):

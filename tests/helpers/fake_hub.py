@@ -57,6 +57,7 @@ class FakeHub:
         self.fail: dict[str, int] = {}  # path prefix -> status to answer with
         self.throttle: dict[str, float] = {}  # file name -> bytes per second
         self.sent: dict[str, int] = {}  # file name -> bytes of it sent in GET bodies
+        self.ignore_range = False  # answer every GET with the whole file, as some proxies do
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -178,7 +179,8 @@ def _handler(hub: FakeHub):
                 return self._not_found("EntryNotFound", body)
             data = repo.files[name]
             start, end, status = 0, len(data), 200
-            if (asked := self.headers.get("Range")) and (m := re.match(r"bytes=(\d+)-(\d*)$", asked)):
+            asked = None if hub.ignore_range else self.headers.get("Range")
+            if asked and (m := re.match(r"bytes=(\d+)-(\d*)$", asked)):
                 start = int(m[1])
                 end = min(int(m[2]) + 1, len(data)) if m[2] else len(data)
                 status = 206
