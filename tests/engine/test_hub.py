@@ -142,6 +142,18 @@ def test_a_model_too_big_for_the_memory_says_so(hub, monkeypatch):
     assert fits["tiny-llama-Q8_0.gguf"].label() == "too big (estimate)"
 
 
+def test_a_model_that_loads_with_a_shorter_context_is_tight(hub, monkeypatch):
+    import engine.models.fit as fit_module
+
+    repo = repo_options(GGUF_REPO)
+    weights = fit_options(repo, device="cpu")["tiny-llama-Q8_0.gguf"].estimate.weight_bytes
+    # 2 MiB beside the weights: the CPU's KV share (a quarter) holds 1,024 of the model's 2,048 tokens
+    monkeypatch.setattr(fit_module, "available_memory", lambda device: weights + 2 * 1024**2)
+    fit = fit_options(repo, device="cpu")["tiny-llama-Q8_0.gguf"]
+    assert (fit.verdict, fit.context_tokens) == ("tight", 1024)
+    assert fit.label() == "tight: 1,024 tokens (estimate)"
+
+
 def test_download_reports_progress_and_adds_to_the_library(hub, library, ggufs):
     repo = repo_options(GGUF_REPO)
     seen = []
@@ -296,3 +308,18 @@ def _run_capturing(download, errors):
         download.run()
     except Exception as exc:
         errors.append(exc)
+
+
+def test_the_command_line_searches_lists_and_downloads(hub, library, ggufs, capsys):
+    from engine.tools.cli import main
+
+    assert main(["models", "search", "tiny", "--format", "gguf"]) == 0
+    assert capsys.readouterr().out.split()[0] == GGUF_REPO
+    assert main(["models", "files", GGUF_REPO, "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["tiny-llama-Q4_1.gguf", "Q4_1"] and "fits: 2,048 tokens (estimate)" in lines[1]
+    assert "split into 2 files" in lines[0]
+    assert main(["models", "download", GGUF_REPO, "tiny-llama-Q4_1.gguf"]) == 0
+    assert capsys.readouterr().out.strip().startswith("added tiny-llama-Q4_1")
+    assert main(["models", "download", GGUF_REPO, "nothing.gguf"]) == 2
+    assert "has no 'nothing.gguf'" in capsys.readouterr().err
