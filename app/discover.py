@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QAbstractTableModel, QEvent, QModelIndex, QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -256,13 +256,22 @@ class DiscoverPage(QWidget):
         self.setTabOrder(self.files, self.download_button)
 
     def _connect(self) -> None:
-        self.query.returnPressed.connect(self.search)
+        self.query.installEventFilter(self)
         self.search_button.clicked.connect(self.search)
         self.results.selectionModel().selectionChanged.connect(lambda *_: self._repo_selected())
         self.files.selectionModel().selectionChanged.connect(lambda *_: self._option_selected())
         self.download_button.clicked.connect(self.start_download)
         self.cancel_button.clicked.connect(self.cancel_download)
         self.load_button.clicked.connect(self._load)
+
+    def eventFilter(self, watched, event) -> bool:
+        """Return in the search box searches, and goes no further: in the model manager it would otherwise
+        press the dialog's default button."""
+        if watched is self.query and event.type() == QEvent.KeyPress and event.key() in (Qt.Key_Return,
+                                                                                          Qt.Key_Enter):
+            self.search()
+            return True
+        return super().eventFilter(watched, event)
 
     # -- what the user does -----------------------------------------------------------------------------
 

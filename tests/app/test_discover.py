@@ -117,13 +117,15 @@ def test_cancel_then_resume_from_the_page(qtbot, page, hub, ggufs):
 
 
 def test_the_manager_has_a_discover_tab_whose_downloads_join_the_library(qtbot, hub, monkeypatch):
-    monkeypatch.setattr("app.discover.PATIENCE_S", 30)
     dialog = ModelDialog(ModelLibrary(), "none")
     qtbot.addWidget(dialog)
     dialog.show()
     dialog.tabs.setCurrentWidget(dialog.discover)
     page = dialog.discover
+    loads = []
+    dialog.load_requested.connect(lambda *args: loads.append(args))
     _search(qtbot, page, "tiny")
+    assert dialog.isVisible() and loads == []  # Return searched; it did not press the dialog's Load
     _open_repo(qtbot, page, HF_REPO)
     assert page.files_model.index(0, 3).data().startswith("fits: ")
     assert "(none, float32)" in page.details.text()  # estimated for the manager's quantisation
@@ -133,6 +135,38 @@ def test_the_manager_has_a_discover_tab_whose_downloads_join_the_library(qtbot, 
     with qtbot.waitSignal(dialog.load_requested) as load:
         page.load_button.click()
     assert load.args == [dialog.selected().spec, "none"]
+
+
+def test_an_answer_for_a_repository_no_longer_selected_is_dropped(qtbot, page, hub):
+    _search(qtbot, page, "tiny")
+    answers = []
+    page._answers.answered.connect(lambda what, ticket, result: answers.append((what, result)))
+    hub.delay[f"/api/models/{GGUF_REPO}"] = 0.5  # the first choice answers late
+    _open_repo_now = page.results.selectRow
+    _open_repo_now([m.repo_id for m in page.results_model.models].index(GGUF_REPO))
+    _open_repo_now([m.repo_id for m in page.results_model.models].index(HF_REPO))
+    qtbot.waitUntil(lambda: [w for w, _ in answers].count("repo") == 2, timeout=10_000)
+    qtbot.waitUntil(lambda: bool(page.files_model.fits), timeout=10_000)
+    late = [r for w, r in answers if w == "repo" and r.repo_id == GGUF_REPO]
+    assert late and page.repo.repo_id == HF_REPO  # the late answer arrived and was not shown
+    assert [o.name for o in page.files_model.options] == ["safetensors"]
+
+
+def test_closing_the_manager_stops_a_download_and_keeps_what_arrived(qtbot, hub):
+    dialog = ModelDialog(ModelLibrary(), "auto")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.tabs.setCurrentWidget(dialog.discover)
+    page = dialog.discover
+    hub.throttle[Q8] = 1024**2
+    _search(qtbot, page, "gguf")
+    _open_repo(qtbot, page, GGUF_REPO)
+    _pick(page, Q8)
+    page.download_button.click()
+    qtbot.waitUntil(lambda: page.progress.value() > 50)
+    dialog.reject()
+    qtbot.waitUntil(lambda: page.status.text().startswith("Cancelled."), timeout=10_000)
+    assert len(page.library.entries()) == 1 and page.download_button.text() == "Resume"
 
 
 def test_hub_errors_are_shown_on_the_page(qtbot, page, hub):

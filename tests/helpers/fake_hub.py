@@ -58,6 +58,7 @@ class FakeHub:
         self.throttle: dict[str, float] = {}  # file name -> bytes per second
         self.sent: dict[str, int] = {}  # file name -> bytes of it sent in GET bodies
         self.ignore_range = False  # answer every GET with the whole file, as some proxies do
+        self.delay: dict[str, float] = {}  # path prefix -> seconds to wait before answering
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -137,6 +138,9 @@ def _handler(hub: FakeHub):
             parts = urlsplit(self.path)
             path = unquote(parts.path)
             hub.log.append(Logged(self.command, path, self.headers.get("Range")))
+            for prefix, seconds in hub.delay.items():
+                if path.startswith(prefix):
+                    time.sleep(seconds)
             for prefix, status in hub.fail.items():
                 if path.startswith(prefix):
                     return self._json({"error": f"scripted failure {status}"}, status, body)
