@@ -355,10 +355,19 @@ class DiscoverPage(QWidget):
         if not result.options:
             self._say(f"{result.repo_id} has no GGUF or safetensors weights Kvasir can load.")
             return
-        self._say(f"{len(result.options)} option(s) in {result.repo_id}; estimating the fit from their headers…")
-        quantization, device = self.quantization(), self.device
-        self._run("fit", lambda: fit_hub_options(result, quantization, device))
+        self.refit()
         self.files.selectRow(0)
+
+    def refit(self) -> None:
+        """Estimate the shown repository's fit again (the quantisation to estimate for has changed)."""
+        repo = self.repo
+        if repo is None or not repo.options:
+            return
+        self.files_model.set_fits({})
+        self._say(f"{len(repo.options)} option(s) in {repo.repo_id}; estimating the fit from their headers…")
+        quantization, device = self.quantization(), self.device
+        self._run("fit", lambda: fit_hub_options(repo, quantization, device))
+        self._option_selected()
 
     def _fit_answered(self, result) -> None:
         if isinstance(result, Exception):

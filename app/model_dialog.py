@@ -126,6 +126,7 @@ class ModelDialog(QDialog):
         self._fit_ready.done.connect(self._show_fit)
         self.table.selectionModel().selectionChanged.connect(lambda *_: self.update_fit())
         self.quant.currentTextChanged.connect(lambda _: self.update_fit())
+        self.quant.currentTextChanged.connect(lambda _: self.discover.refit())
         self.add_file.clicked.connect(self._ask_file)
         self.add_folder.clicked.connect(self._ask_folder)
         self.remove.clicked.connect(self.remove_selected)

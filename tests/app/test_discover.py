@@ -129,12 +129,14 @@ def test_the_manager_has_a_discover_tab_whose_downloads_join_the_library(qtbot, 
     _open_repo(qtbot, page, HF_REPO)
     assert page.files_model.index(0, 3).data().startswith("fits: ")
     assert "(none, float32)" in page.details.text()  # estimated for the manager's quantisation
+    dialog.quant.setCurrentText("int8")
+    qtbot.waitUntil(lambda: "(int8, float32)" in page.details.text())
     with qtbot.waitSignal(page.model_added, timeout=15_000):
         page.download_button.click()
     assert dialog.model.rowCount() == 2 and dialog.selected().info.architecture == "llama"
     with qtbot.waitSignal(dialog.load_requested) as load:
         page.load_button.click()
-    assert load.args == [dialog.selected().spec, "none"]
+    assert load.args == [dialog.selected().spec, "int8"]
 
 
 def test_an_answer_for_a_repository_no_longer_selected_is_dropped(qtbot, page, hub):
