@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..config import EngineConfig
 from ..devices import choose_quantization, resolve_device, resolve_dtype
-from ..errors import EngineError, ModelLoadError
+from ..errors import EngineError, HubError, ModelLoadError
 from ..step.quantization import PACKED_MODES
 from .fit import (
     FitEstimate,
@@ -88,15 +88,19 @@ def fit_options(repo: HubRepo, quantization: str = "auto", device: str = "auto",
 def _guarded(compute) -> HubFit:
     try:
         return compute()
-    except (EngineError, ValueError) as exc:  # the files can't be read or can't be served: say why
-        return HubFit("unknown", reason=f"Can't be loaded: {exc}")
+    except (EngineError, ValueError) as exc:  # the headers can't be fetched, or the model can't be served
+        return HubFit("unknown", reason=_why_unknown(exc))
 
 
 def _guarded_all(options: list[HubOption], compute) -> dict[str, HubFit]:
     try:
         return compute()
     except (EngineError, ValueError) as exc:
-        return {o.name: HubFit("unknown", reason=f"Can't be loaded: {exc}") for o in options}
+        return {o.name: HubFit("unknown", reason=_why_unknown(exc)) for o in options}
+
+
+def _why_unknown(exc: Exception) -> str:
+    return f"Not estimated: {exc}" if isinstance(exc, HubError) else f"Can't be loaded: {exc}"
 
 
 def verdict(fit: FitEstimate) -> HubFit:

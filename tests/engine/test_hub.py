@@ -267,6 +267,17 @@ def test_a_server_error_during_download_is_said_in_words(hub, library):
     assert len(library.entries()) == 1
 
 
+def test_a_gated_repository_says_what_to_do(hub, library):
+    hub.repos[GGUF_REPO].gated = True
+    repo = repo_options(GGUF_REPO)
+    assert repo.gated
+    fit = fit_options(repo, device="cpu")["tiny-llama-Q4_1.gguf"]
+    assert fit.verdict == "unknown" and fit.reason.startswith("Not estimated: ") and "gated" in fit.reason
+    with pytest.raises(HubError, match="gated: accept its conditions on its Hub page, then log in"):
+        HubDownload(repo, repo.option("tiny-llama-Q4_1.gguf"), library).run()
+    assert len(library.entries()) == 1
+
+
 def test_a_refused_connection_is_said_in_words(monkeypatch, no_backoff_waits):
     import huggingface_hub.constants
 

@@ -165,10 +165,13 @@ def _handler(hub: FakeHub):
                 self.wfile.write(raw)
 
         def _not_found(self, code: str, body: bool) -> None:
-            raw = json.dumps({"error": code}).encode()
-            self.send_response(404)
+            self._refuse(404, code, code, body)
+
+        def _refuse(self, status: int, code: str, message: str, body: bool) -> None:
+            raw = json.dumps({"error": message}).encode()
+            self.send_response(status)
             self.send_header("X-Error-Code", code)
-            self.send_header("X-Error-Message", code)
+            self.send_header("X-Error-Message", message)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
@@ -181,6 +184,8 @@ def _handler(hub: FakeHub):
                 return self._not_found("RepoNotFound" if repo is None else "RevisionNotFound", body)
             if name not in repo.files:
                 return self._not_found("EntryNotFound", body)
+            if repo.gated:  # the Hub's answer to a download without accepted conditions
+                return self._refuse(403, "GatedRepo", f"Access to model {repo_id} is restricted.", body)
             data = repo.files[name]
             start, end, status = 0, len(data), 200
             asked = None if hub.ignore_range else self.headers.get("Range")
