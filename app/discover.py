@@ -329,6 +329,8 @@ class DiscoverPage(QWidget):
         self.results_model.set_models(result)
         self.files_model.set_repo(None)
         self.repo = None
+        self._tickets["repo"] += 1  # a listing or an estimate still under way belongs to the old results
+        self._tickets["fit"] += 1
         self._say(f"{len(result)} models. Pick one to see its files." if result else "No chat model with GGUF or "
                   "safetensors weights matches this search.")
         self._update_buttons()
@@ -378,11 +380,11 @@ class DiscoverPage(QWidget):
         self._option_selected()
 
     def _download_answered(self, result) -> None:
-        option = self.download.option if self.download else None
-        self.download = None
+        download, self.download = self.download, None
         self.progress.hide()
         if isinstance(result, DownloadCancelled):
-            self._say(f"Cancelled. {size_in_words(self._partial(option))} kept; Download continues from there.")
+            kept = download.partial_bytes() if download else 0
+            self._say(f"Cancelled. {size_in_words(kept)} kept; Download continues from there.")
         elif isinstance(result, Exception):
             self._say(f"{result}. Download again to continue from what arrived.")
         else:

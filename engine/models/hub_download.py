@@ -123,6 +123,8 @@ class HubDownload:
                 self._stream(file, part)
                 break
             except HubError as exc:
+                if self._cancelled.is_set() and not isinstance(exc, DownloadCancelled):
+                    raise DownloadCancelled(self._cancel_message()) from None  # a read cut short by the cancel
                 if isinstance(exc, DownloadCancelled) or attempt == self.settings.retries or not _transient(exc):
                     raise
                 if self._cancelled.wait(self.settings.retry_wait_s):
