@@ -2,7 +2,8 @@
 
 The safetensors weights' headers (read by huggingface_hub with a Range request per shard) and config.json go
 into a skeleton folder whose weight files are sparse: their header, then a hole to the data's size. The same
-checks and the same estimate as for a downloaded model then run on it (:func:`fit.estimate`).
+checks and the same estimate as for a downloaded model then run on it (:func:`fit.estimate`). (Sparse files
+take no disk space on the usual Linux and macOS file systems.)
 
 A GGUF repository's files are one model in several quantisations: the header of its smallest file (read from
 the start with Range requests, grown until it parses, then made sparse to the file's size) gives the shapes,

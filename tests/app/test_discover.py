@@ -144,9 +144,9 @@ def test_an_answer_for_a_repository_no_longer_selected_is_dropped(qtbot, page, h
     answers = []
     page._answers.answered.connect(lambda what, ticket, result: answers.append((what, result)))
     hub.delay[f"/api/models/{GGUF_REPO}"] = 0.5  # the first choice answers late
-    _open_repo_now = page.results.selectRow
-    _open_repo_now([m.repo_id for m in page.results_model.models].index(GGUF_REPO))
-    _open_repo_now([m.repo_id for m in page.results_model.models].index(HF_REPO))
+    ids = [m.repo_id for m in page.results_model.models]
+    page.results.selectRow(ids.index(GGUF_REPO))
+    page.results.selectRow(ids.index(HF_REPO))
     qtbot.waitUntil(lambda: [w for w, _ in answers].count("repo") == 2, timeout=10_000)
     qtbot.waitUntil(lambda: bool(page.files_model.fits), timeout=10_000)
     late = [r for w, r in answers if w == "repo" and r.repo_id == GGUF_REPO]
@@ -185,8 +185,10 @@ def test_hub_errors_are_shown_on_the_page(qtbot, page, hub):
 def test_a_silent_network_never_holds_the_window(qtbot, monkeypatch, tmp_path):
     """A server that accepts the connection and never answers: the search waits on its thread; the page says so."""
     import huggingface_hub.constants
+    import huggingface_hub.utils._http as hf_http
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_http.time, "sleep", lambda s: None)  # its retries end at once once the socket closes
     monkeypatch.setattr("app.discover.PATIENCE_S", 0.3)
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
     silent = socket.socket()
