@@ -58,6 +58,7 @@ def size_in_words(n: int) -> str:
 
 
 def count_in_words(n: int) -> str:
+    """A count as the Hub shows it: 812, 12.3k, 4.1M."""
     if n >= 1_000_000:
         return f"{n / 1_000_000:.1f}M"
     return f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}"
@@ -116,6 +117,7 @@ class HubFilesModel(QAbstractTableModel):
         self.endResetModel()
 
     def set_fits(self, fits: dict[str, HubFit]) -> None:
+        """Show the estimates (by option name) in the fit column."""
         self.fits = dict(fits)
         if self.options:
             self.dataChanged.emit(self.index(0, 3), self.index(len(self.options) - 1, 3))

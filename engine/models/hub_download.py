@@ -92,11 +92,6 @@ class HubDownload:
         """Bytes of this option already on disk, finished or partial."""
         return sum(self._on_disk(f) for f in self.option.files)
 
-    def discard_partial(self) -> None:
-        """Delete this option's partial files (its finished files stay)."""
-        for file in self.option.files:
-            self._part(file).unlink(missing_ok=True)
-
     # -- one file ---------------------------------------------------------------------------------------
 
     def _final(self, file: RemoteFile) -> Path:

@@ -57,6 +57,7 @@ class HubFit:
     reason: str = ""
 
     def label(self) -> str:
+        """A few words for a table cell: "fits: 32,768 tokens (estimate)"."""
         if self.verdict == "unknown":
             return "unknown"
         if self.verdict == "too big":
@@ -64,6 +65,7 @@ class HubFit:
         return f"{self.verdict}: {self.context_tokens:,} tokens (estimate)"
 
     def explanation(self) -> str:
+        """The estimate in a sentence, or why there is none."""
         if self.estimate is None:
             return self.reason
         return f"Estimate before download: {self.estimate.summary()}."
