@@ -1,4 +1,5 @@
-"""The model manager: the library as a table, add and remove, and the fit estimate before loading."""
+"""The model manager: the library as a table, add and remove, the fit estimate before loading, and Discover
+(models from the Hugging Face Hub, :mod:`app.discover`)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPushButton,
     QTableView,
+    QTabWidget,
     QVBoxLayout,
+    QWidget,
 )
 
 from engine import QUANTIZATIONS, EngineConfig, EngineError, LibraryEntry, ModelLibrary, estimate_fit
+
+from .discover import DiscoverPage
 
 COLUMNS = ("Name", "Architecture", "Parameters", "Context", "On disk", "Licence", "Source")
 
@@ -102,22 +107,32 @@ class ModelDialog(QDialog):
             buttons.addWidget(button)
         buttons.addStretch(1)
         buttons.addWidget(self.load)
-        layout = QVBoxLayout(self)
+        library_page = QWidget()
+        layout = QVBoxLayout(library_page)
         layout.addWidget(self.table, 1)
         layout.addLayout(details)
         layout.addLayout(buttons)
+        self.discover = DiscoverPage(library, self.quant.currentText, parent=self)
+        self.discover.model_added.connect(self._downloaded)
+        self.discover.load_requested.connect(self._load_spec)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(library_page, "Library")
+        self.tabs.addTab(self.discover, "Discover")
+        self.tabs.setAccessibleName("Model manager pages")
+        QVBoxLayout(self).addWidget(self.tabs)
         self._fits: dict[tuple[str, str], object] = {}  # (spec, quantisation) -> FitEstimate or the error
         self._wanted_fit: tuple[str, str] | None = None
         self._fit_ready = _FitReady(self)
         self._fit_ready.done.connect(self._show_fit)
         self.table.selectionModel().selectionChanged.connect(lambda *_: self.update_fit())
         self.quant.currentTextChanged.connect(lambda _: self.update_fit())
+        self.quant.currentTextChanged.connect(lambda _: self.discover.refit())
         self.add_file.clicked.connect(self._ask_file)
         self.add_folder.clicked.connect(self._ask_folder)
         self.remove.clicked.connect(self.remove_selected)
         self.load.clicked.connect(self._load)
         self.table.selectRow(0)
-        self.resize(900, 420)
+        self.resize(1000, 560)
 
     def selected(self) -> LibraryEntry | None:
         rows = self.table.selectionModel().selectedRows()
@@ -182,8 +197,23 @@ class ModelDialog(QDialog):
     def _load(self) -> None:
         entry = self.selected()
         if entry is not None:
-            self.load_requested.emit(entry.spec, self.quant.currentText())
-            self.accept()
+            self._load_spec(entry.spec)
+
+    def _load_spec(self, spec: str) -> None:
+        self.load_requested.emit(spec, self.quant.currentText())
+        self.accept()
+
+    def _downloaded(self, spec: str) -> None:
+        """A download from Discover is in the library: show it in the table."""
+        self.model.refresh()
+        rows = [i for i, e in enumerate(self.model.entries) if e.spec == spec]
+        if rows:
+            self.table.selectRow(rows[0])
+
+    def done(self, result: int) -> None:
+        """Closing the manager stops a download under way; what arrived stays, and Download continues it."""
+        self.discover.cancel_download()
+        super().done(result)
 
 
 class _FitReady(QObject):

@@ -13,9 +13,23 @@ from .api import API_SOURCE, ApiConfig, ApiConfigError, ApiServer, ServerStartEr
 from .api import DEFAULT_HOST as DEFAULT_API_HOST
 from .api import DEFAULT_PORT as DEFAULT_API_PORT
 from .config import AUTO_QUANTIZATION_RULE, DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
-from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, UnsupportedModelError
+from .errors import (
+    DownloadCancelled,
+    EngineDeadError,
+    EngineError,
+    HubError,
+    LibraryError,
+    ModelLoadError,
+    UnsupportedModelError,
+)
 from .models.fit import FitEstimate
 from .models.fit import estimate as estimate_fit
+from .models.hub_download import DownloadProgress, HubDownload
+from .models.hub_fit import HubFit
+from .models.hub_fit import fit_options as fit_hub_options
+from .models.hub_search import HubModel, HubOption, HubRepo
+from .models.hub_search import repo_options as hub_repo_options
+from .models.hub_search import search_models as search_hub
 from .models.library import LibraryEntry, ModelLibrary, data_dir
 from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
@@ -34,6 +48,8 @@ __all__ = [
     "AsyncEngine",
     "DEFAULT_API_HOST",
     "DEFAULT_API_PORT",
+    "DownloadCancelled",
+    "DownloadProgress",
     "Engine",
     "EngineConfig",
     "EngineDeadError",
@@ -42,6 +58,12 @@ __all__ = [
     "FirstToken",
     "FitEstimate",
     "GpuUsage",
+    "HubDownload",
+    "HubError",
+    "HubFit",
+    "HubModel",
+    "HubOption",
+    "HubRepo",
     "LibraryEntry",
     "LibraryError",
     "ModelLibrary",
@@ -55,4 +77,7 @@ __all__ = [
     "WEIGHT_MODES",
     "data_dir",
     "estimate_fit",
+    "fit_hub_options",
+    "hub_repo_options",
+    "search_hub",
 ]

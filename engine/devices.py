@@ -77,8 +77,8 @@ def resolve_quantization(spec: str, device: torch.device, source=None, dtype: to
     return choose_quantization(spec, device, source, dtype)[0]
 
 
-def choose_quantization(spec: str, device: torch.device, source=None,
-                        dtype: torch.dtype | None = None) -> tuple[str, str | None]:
+def choose_quantization(spec: str, device: torch.device, source=None, dtype: torch.dtype | None = None, *,
+                        info=None, gguf_type: str | None = None) -> tuple[str, str | None]:
     """The quantisation for ``spec`` on ``device``, and a note for the user when ``auto`` had to settle.
 
     ``auto`` on CUDA: the compute dtype (bfloat16) when the weights fit with room for a full context of KV
@@ -86,6 +86,9 @@ def choose_quantization(spec: str, device: torch.device, source=None,
     packed mode that fits a GGUF file's weights, else none. Measured on the default model (Q4_1) on a 2-core
     CPU, one chat decodes several times as fast in ``int4`` (the file's blocks, kept packed) as in ``none``.
     A bitsandbytes mode asked for by name on a GPU where bitsandbytes can't run is refused with the reason.
+
+    A model not on disk yet (a Hub file before download) is described by ``info`` (its ModelInfo) and
+    ``gguf_type`` (its GGUF quantisation by name, "Q4_K_M") instead of ``source``.
     """
     if spec != "auto":
         if device.type == "cuda" and spec in BITSANDBYTES_MODES and (problem := bitsandbytes_problem(device)):
@@ -93,32 +96,35 @@ def choose_quantization(spec: str, device: torch.device, source=None,
                                  "choose 'none' or 'int4' instead")
         return spec, None
     if device.type == "cuda":
-        return _auto_on_cuda(device, source, dtype or torch.bfloat16)
+        if info is None and source is not None:
+            from .models.model_info import read_model_info
+
+            info = read_model_info(source)
+        return _auto_on_cuda(device, info, dtype or torch.bfloat16)
+    if gguf_type is not None:
+        return packed_mode_for(gguf_type), None
     if source is not None and source.kind == "gguf":
         return _packed_mode_for_gguf(source), None
     return "none", None
 
 
-def _auto_on_cuda(device: torch.device, source, dtype: torch.dtype) -> tuple[str, str | None]:
-    if source is not None and _fits_unquantised(source, dtype, available_memory(device)):
+def _auto_on_cuda(device: torch.device, info, dtype: torch.dtype) -> tuple[str, str | None]:
+    if info is not None and _fits_unquantised(info, dtype, available_memory(device)):
         return "none", None
     if problem := bitsandbytes_problem(device):
         return "none", f"4-bit quantisation is off: {problem}"
     return "nf4", None
 
 
-def _fits_unquantised(source, dtype: torch.dtype, free_bytes: int) -> bool:
+def _fits_unquantised(info, dtype: torch.dtype, free_bytes: int) -> bool:
     """Whether the weights in ``dtype`` and a full context of KV cache take at most 90% of ``free_bytes``."""
     from .models.fit import MEMORY_SHARE, kv_bytes_per_token, weight_bytes
-    from .models.model_info import read_model_info
 
-    info = read_model_info(source)
     needed = weight_bytes(info, "none", dtype) + info.context_length * kv_bytes_per_token(info, dtype)
     return needed <= MEMORY_SHARE * free_bytes
 
 
 def _packed_mode_for_gguf(source) -> str:
-    """int4 for linear weights of 4 bits or fewer, w8 for 5 to 8 bits, none for float weights."""
     from collections import Counter
 
     from gguf import GGMLQuantizationType
@@ -128,7 +134,13 @@ def _packed_mode_for_gguf(source) -> str:
     kinds = Counter(kind for _, kind in read_gguf_info(source.path).linear_tensors().values())
     if not kinds:
         return "none"
-    name = GGMLQuantizationType(kinds.most_common(1)[0][0]).name
+    return packed_mode_for(GGMLQuantizationType(kinds.most_common(1)[0][0]).name)
+
+
+def packed_mode_for(gguf_type: str) -> str:
+    """The packed mode for GGUF linear weights of ``gguf_type`` ("Q4_K", "Q8_0", "F16", ...): int4 for 4 bits
+    or fewer, w8 for 5 to 8 bits, none for float weights."""
+    name = gguf_type.upper()
     if name in ("F32", "F16", "BF16"):
         return "none"
     return "w8" if name.startswith(("Q5", "Q6", "Q8")) else "int4"

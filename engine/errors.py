@@ -19,3 +19,11 @@ class UnsupportedModelError(ModelLoadError):
 
 class LibraryError(ModelLoadError):
     """The model library's index (library.json) is damaged; it is left as it is until moved aside."""
+
+
+class HubError(EngineError):
+    """The Hugging Face Hub could not be searched or downloaded from (the network, the server, access)."""
+
+
+class DownloadCancelled(HubError):
+    """A download was cancelled; what arrived is kept, and the next download of the file continues from it."""

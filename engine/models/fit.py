@@ -186,24 +186,41 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     quantization = resolve_quantization(config.quantization, device, source, dtype)
     head = output_head(source) if quantization in PACKED_MODES else None
     weights = weight_bytes(info, quantization, dtype, head, device, q4_k_linear_weights(source))
+    host = host_load_bytes(source, info, quantization, dtype, device)
+    return estimate_weights(info, config, WeightPlan(quantization, weights, host), device, dtype, reclaimable_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightPlan:
+    """How a model's weights will be held: the quantisation, their bytes, and the system memory on the way."""
+
+    quantization: str
+    weight_bytes: int
+    host_load_bytes: int = 0
+
+
+def estimate_weights(info: ModelInfo, config: EngineConfig, plan: WeightPlan, device: torch.device,
+                     dtype: torch.dtype, reclaimable_bytes: int = 0) -> FitEstimate:
+    """The fit of a model described by ``info`` whose weights take ``plan``: the KV cache the engine would
+    allocate beside them on ``device`` (also for a model not downloaded yet, described from remote headers)."""
     per_token = kv_bytes_per_token(info, dtype)
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)
     blocks = kv_cache_blocks(config, device, per_token, config.max_model_len or info.context_length,
-                             max(0, available - weights)) if per_token else 0
+                             max(0, available - plan.weight_bytes)) if per_token else 0
     kv_tokens = blocks * config.block_size
     return FitEstimate(
         model_name=info.name,
-        quantization=quantization,
+        quantization=plan.quantization,
         dtype=str(dtype).removeprefix("torch."),
         device=str(device),
-        weight_bytes=weights,
+        weight_bytes=plan.weight_bytes,
         kv_bytes_per_token=per_token,
         available_bytes=available,
         kv_tokens=kv_tokens,
         context_length=context,
         max_concurrent_full_context=kv_tokens // context if context else 0,
         kv_size_set=config.num_kv_blocks is not None or config.kv_cache_memory is not None,
-        host_load_bytes=host_load_bytes(source, info, quantization, dtype, device),
+        host_load_bytes=plan.host_load_bytes,
         host_available_bytes=available_memory(torch.device("cpu")),
     )

@@ -82,6 +82,17 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
     fit.add_argument("--device", default="auto")
     fit.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     fit.add_argument("--json", action="store_true")
+    search = actions.add_parser("search", help="chat models on the Hugging Face Hub, most downloaded first")
+    search.add_argument("query", nargs="?", default="")
+    search.add_argument("--format", choices=["gguf", "safetensors"], default=None)
+    files = actions.add_parser("files", help="a Hub repository's files: quantisation, size, fit (before download)")
+    files.add_argument("repo")
+    files.add_argument("--quant", default="auto", choices=QUANTIZATIONS)
+    files.add_argument("--device", default="auto")
+    download = actions.add_parser("download", help="download a file of a Hub repository into the library "
+                                  "(resumes an interrupted download; Ctrl+C stops and keeps what arrived)")
+    download.add_argument("repo")
+    download.add_argument("file", help="a GGUF file's name, or 'safetensors'")
     evaluate = commands.add_parser("eval-quant", help="perplexity, memory and speed of each quantisation")
     evaluate.add_argument("--model", default="default")
     evaluate.add_argument("--device", default="auto")
@@ -267,6 +278,41 @@ def cmd_models(args) -> int:
         fit = estimate_for(library.get(args.name).spec, args.quant, args.device, args.dtype)
         print(json.dumps(fit.to_dict()) if args.json else fit.summary())
         return 0 if fit.fits else 1
+    elif args.action in ("search", "files", "download"):
+        return cmd_hub(args, library)
+    return 0
+
+
+def cmd_hub(args, library) -> int:
+    """``models search``, ``models files`` and ``models download``: the app's Discover tab in a terminal."""
+    from ..models.hub_download import HubDownload
+    from ..models.hub_fit import fit_options
+    from ..models.hub_search import repo_options, search_models
+
+    if args.action == "search":
+        for m in search_models(args.query, args.format):
+            updated = m.updated.strftime("%Y-%m-%d") if m.updated else "-"
+            print(f"{m.repo_id:60} {m.downloads:>10,} downloads {m.likes:>6,} likes  {updated}  {','.join(m.formats)}")
+        return 0
+    repo = repo_options(args.repo)
+    if args.action == "files":
+        fits = fit_options(repo, args.quant, args.device)
+        for o in repo.options:
+            print(f"{o.name:56} {o.quantization:9} {o.size / 1024**2:9.1f}MB  {o.problem or fits[o.name].label()}")
+        return 0
+    try:
+        option = repo.option(args.file)
+    except KeyError:
+        raise ValueError(f"{args.repo} has no {args.file!r}; 'models files {args.repo}' lists its files") from None
+    download = HubDownload(repo, option, library, progress=lambda p: print(
+        f"\r{p.done / 1024**2:,.1f} of {p.total / 1024**2:,.1f} MB", end="", file=sys.stderr, flush=True))
+    try:
+        entry = download.run()
+    except KeyboardInterrupt:
+        print(f"\nstopped; {download.partial_bytes() / 1024**2:,.1f} MB kept, the same command continues",
+              file=sys.stderr)
+        return 130
+    print(f"\nadded {entry.name} ({entry.spec})")
     return 0
 
 
