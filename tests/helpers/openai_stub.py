@@ -3,7 +3,8 @@
 ``stub.behaviour`` picks what ``POST /v1/chat/completions`` does: stream a reply ("ok"), answer an HTTP error
 ("status", with ``stub.status`` and ``stub.error_body``), cut the connection after ``stub.pieces`` pieces
 ("cut"), go silent after them ("stall"), send a malformed event ("malformed"), an error event ("error_event"),
-or end without a finish reason ("no_finish"). Every request body is kept in ``stub.requests``.
+or end without a finish reason ("no_finish"); ``stub.plan`` scripts the next requests one by one. Every
+request body is kept in ``stub.requests``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class StubServer:
 
     def __init__(self) -> None:
         self.behaviour = "ok"
+        self.plan: list[str] = []  # behaviours for the next POSTs, one each, before ``behaviour`` applies again
         self.status, self.error_body, self.headers = 500, {"error": {"message": "boom"}}, {}
         self.pieces = 3  # pieces sent before "cut", "stall", "malformed" and "error_event" misbehave
         self.stall_s = 5.0
@@ -97,6 +99,8 @@ def _handler(stub: StubServer):
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
             stub.requests.append(body)
+            if stub.plan:
+                stub.behaviour = stub.plan.pop(0)
             if not self._authorised():
                 return
             if stub.behaviour == "status":
