@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import httpx
@@ -168,8 +169,9 @@ class RemoteStream:
                 body = await response.aread()
                 yield self._output(reply, "", status_reason(response.status_code, body, response.headers))
                 return
-            async for delta in self._deltas(response, reply):
-                yield self._output(reply, delta)
+            async with aclosing(self._deltas(response, reply)) as deltas:  # closed here, in this task
+                async for delta in deltas:
+                    yield self._output(reply, delta)
             yield self._output(reply, "", self._ending_problem(reply))
         except httpx.HTTPError as exc:
             yield self._output(reply, "", _keep_finished(reply, transport_reason(exc, config.base_url,
@@ -182,19 +184,20 @@ class RemoteStream:
     async def _deltas(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[str]:
         """The text pieces of the event stream, recording finish reason and usage on ``reply``."""
         decoder = SSEDecoder()
-        async for line in response.aiter_lines():
-            event = decoder.feed(line)
-            if event is None:
-                continue
-            if event.data.strip() == DONE:
-                return
-            delta = _apply_chunk(reply, _chunk(event.data, event.event))
-            if delta:
-                now = time.perf_counter()
-                reply.first = reply.first or now
-                reply.last, reply.pieces = now, reply.pieces + 1
-                reply.text += delta
-                yield delta
+        async with aclosing(_lines(response)) as lines:
+            async for line in lines:
+                event = decoder.feed(line)
+                if event is None:
+                    continue
+                if event.data.strip() == DONE:
+                    return
+                delta = _apply_chunk(reply, _chunk(event.data, event.event))
+                if delta:
+                    now = time.perf_counter()
+                    reply.first = reply.first or now
+                    reply.last, reply.pieces = now, reply.pieces + 1
+                    reply.text += delta
+                    yield delta
         event = decoder.flush()
         if event is not None and event.data.strip() != DONE:
             delta = _apply_chunk(reply, _chunk(event.data, event.event))
@@ -213,6 +216,36 @@ class RemoteStream:
         finished = error is not None or (not delta and reply.finish_reason is not None)
         reason = "error" if error is not None else (reply.finish_reason if finished else None)
         return RequestOutput(self.request_id, reply.text, [], delta, [], finished, reason, error, _metrics(reply))
+
+
+_END = object()
+
+
+async def _lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The response's lines, read by a task of their own. httpx reads through nested async generators; stopping
+    early (at ``[DONE]``, on a bad event, on close) cancels that task, which ends each of them properly. Left
+    suspended instead, they would be finalised later outside any task, and loops without asyncio's generator
+    hooks (qasync's) report errors for them."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=256)
+
+    async def read() -> None:
+        try:
+            async for line in response.aiter_lines():
+                await queue.put(line)
+        except httpx.HTTPError as exc:
+            await queue.put(exc)
+        else:
+            await queue.put(_END)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (item := await queue.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
 
 
 def request_body(messages: list[dict], sampling: SamplingParams, model: str) -> dict:

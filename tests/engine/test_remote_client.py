@@ -12,6 +12,9 @@ from engine.remote import RemoteClient, RemoteConfig, RemoteError
 from engine.remote.client import request_body
 from tests.helpers.openai_stub import StubServer, free_port
 
+# a generator of httpx left suspended and finalised outside its task shows as an unraisable exception
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 FULL = "Paris is the capital of France."
 

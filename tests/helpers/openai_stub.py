@@ -74,6 +74,12 @@ def _handler(stub: StubServer):
         def log_message(self, *args) -> None:  # quiet
             pass
 
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):  # the client went away first, as it may
+                pass
+
         def _authorised(self) -> bool:
             if stub.api_key is None or self.headers.get("Authorization") == f"Bearer {stub.api_key}":
                 return True
