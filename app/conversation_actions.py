@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 from .chat_controller import ChatController
 from .conversations import Conversations
 from .export import from_json, to_json, to_markdown
+from .remote_engines import SETTING as REMOTE_SETTING
 from .settings import Preset, Settings
 from .store import Conversation
 
@@ -63,14 +64,25 @@ class ConversationActions(QObject):
         return conversation
 
     def create(self, like: int | None = None) -> Conversation:
-        """A chat with the default persona and sampling, or with those of chat ``like``."""
+        """A chat with the default persona and sampling, or with those of chat ``like``. It runs where that
+        chat, or else the chat on screen, runs: the local engine or a remote server's model."""
         if like is not None:
             source = self.conversations.get(like)
             settings = {k: v for k, v in source.settings.items() if k != "skip_messages"}
             return self.conversations.create("New chat", source.system_prompt, source.preset, settings)
         preset = next((p for p in self.presets if p.name == self.settings["preset"]), None)
+        settings = dict(self.settings["sampling"])
+        remote = self._on_screen_settings().get(REMOTE_SETTING)
+        if remote is not None:
+            settings[REMOTE_SETTING] = remote
         return self.conversations.create("New chat", preset.system_prompt if preset else "",
-                                         preset.name if preset else None, dict(self.settings["sampling"]))
+                                         preset.name if preset else None, settings)
+
+    def _on_screen_settings(self) -> dict:
+        try:
+            return self.conversations.get(self.current).settings if self.current is not None else {}
+        except KeyError:
+            return {}
 
     # -- chats --------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPushButton,
     QSplitter,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -35,6 +36,11 @@ from .engine_banner import EngineBanner, not_ready_message
 from .engine_panel import EnginePanel
 from .model_bar import ModelBar
 from .model_dialog import ModelDialog
+from .remote_engines import SETTING as REMOTE_SETTING
+from .remote_engines import RemoteChoice, RemoteEngines, choice_of
+from .remote_panel import RemotePanel
+from .remote_servers import RemoteServersDialog
+from .remote_store import RemoteServerStore
 from .settings import Settings, load_presets
 from .store import Message, Store
 from .theme import apply_theme
@@ -46,7 +52,7 @@ class MainWindow(QMainWindow):
     them in :class:`ConversationActions`, replies in :class:`ChatController`, the engine behind the bridge."""
 
     def __init__(self, store: Store, bridge: ChatEngine, library: ModelLibrary | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, remote: RemoteEngines | None = None) -> None:
         super().__init__()
         self.setWindowTitle("Kvasir")
         self.store, self.bridge = store, bridge
@@ -54,7 +60,8 @@ class MainWindow(QMainWindow):
         self.settings = settings or Settings()
         self.presets = load_presets()
         self.conversations = Conversations(store, self)
-        self.controller = ChatController(self.conversations, bridge, self)
+        self.remote = remote if remote is not None else RemoteEngines(RemoteServerStore(), self)
+        self.controller = ChatController(self.conversations, bridge, self, remote=self.remote)
         self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.presets, self)
         self.tokens = TokenCounter(bridge.count_tokens)
         self._build()
@@ -63,6 +70,7 @@ class MainWindow(QMainWindow):
         self._restore_geometry()
         self.apply_theme(self.settings["theme"])
         self.actions.open_first()
+        self.remote.refresh_all()
 
     @property
     def current(self) -> int | None:
@@ -72,7 +80,7 @@ class MainWindow(QMainWindow):
     # -- layout -------------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.model_bar = ModelBar(self.library, self.bridge, self.settings)
+        self.model_bar = ModelBar(self.library, self.bridge, self.settings, remote=self.remote)
         self.sidebar = ConversationSidebar(self.conversations)
         self.chat = ChatView()
         self.composer = Composer()
@@ -93,8 +101,12 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.chat, 1)
         center_layout.addWidget(self.composer)
         self.panel = EnginePanel()
+        self.remote_panel = RemotePanel(self.remote)
+        self.panels = QStackedWidget()  # the local engine's panel, or the remote server's for a remote chat
+        self.panels.addWidget(self.panel)
+        self.panels.addWidget(self.remote_panel)
         self.splitter = QSplitter(Qt.Horizontal)
-        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panel, 0)):
+        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panels, 0)):
             self.splitter.addWidget(widget)
             self.splitter.setStretchFactor(self.splitter.indexOf(widget), stretch)
         self.splitter.setSizes([230, 650, 300])
@@ -120,6 +132,7 @@ class MainWindow(QMainWindow):
         file_menu.addAction("Quit", self.close)
         models_menu = bar.addMenu("&Models")
         models_menu.addAction("Model manager…", self.open_model_manager)
+        models_menu.addAction("Remote servers…", self.open_remote_servers)
         chat_menu = bar.addMenu("&Chat")
         chat_menu.addAction("Regenerate last reply", self.regenerate)
         chat_menu.addAction("Stop", self.stop)
@@ -140,7 +153,7 @@ class MainWindow(QMainWindow):
         self.chat.action.connect(self._message_action)
         self.controller.reply_started.connect(self._reply_started)
         self.controller.reply_delta.connect(self._reply_delta)
-        self.controller.first_token.connect(lambda _, seconds: self.panel.record_ttft(seconds))
+        self.controller.first_token.connect(self._first_token)
         self.controller.reply_finished.connect(self._reply_finished)
         self.bridge.loaded.connect(self._loaded)
         self.bridge.load_failed.connect(self._load_failed)
@@ -148,8 +161,9 @@ class MainWindow(QMainWindow):
         self.bridge.engine_failed.connect(self._engine_failed)
         self.banner.restart_requested.connect(self.restart_engine)
         self.banner.choose_model_requested.connect(self.open_model_manager)
-        self.model_bar.panel_button.toggled.connect(self.panel.setVisible)
+        self.model_bar.panel_button.toggled.connect(self.panels.setVisible)
         self.model_bar.switch_requested.connect(self.switch_model)
+        self.model_bar.remote_requested.connect(self.use_remote)
 
     def _shortcuts(self) -> None:
         bindings = {
@@ -170,6 +184,7 @@ class MainWindow(QMainWindow):
         self.sidebar.select(conversation_id)
         self._refresh_chat()
         self._update_header()
+        self._show_engine()
         self.composer.set_generating(self.controller.is_generating(conversation_id))
         self.composer.edit.setFocus()
         self._recount_context()
@@ -182,6 +197,7 @@ class MainWindow(QMainWindow):
     def _conversation_changed(self, conversation_id: int) -> None:
         if conversation_id == self.current:
             self._update_header()
+            self._show_engine()
             self._recount_context()
 
     def edit_chat_settings(self) -> None:
@@ -206,8 +222,33 @@ class MainWindow(QMainWindow):
         dark = apply_theme(app, choice) if app is not None else False
         self.chat.set_dark(dark)
 
+    def remote_choice(self) -> RemoteChoice | None:
+        """The remote model the chat on screen runs on; None when it runs on the local engine."""
+        return choice_of(self.conversations.get(self.current)) if self.current is not None else None
+
+    def _can_reply(self) -> bool:
+        return self.remote_choice() is not None or self.bridge.ready
+
+    def use_remote(self, choice: RemoteChoice) -> None:
+        """The chat on screen runs on a remote server's model from now on."""
+        if self.current is not None:
+            self.conversations.set_setting(self.current, REMOTE_SETTING, choice.to_setting())
+
+    def _show_engine(self) -> None:
+        """The model bar, the panel and the metrics polling follow where the chat on screen runs."""
+        choice = self.remote_choice()
+        self.model_bar.show_remote(choice)
+        self.remote_panel.show_choice(choice)
+        self.panels.setCurrentWidget(self.remote_panel if choice else self.panel)
+        self.remote.watch(choice.server_id if choice else None)
+
+    def open_remote_servers(self) -> RemoteServersDialog:
+        dialog = RemoteServersDialog(self.remote, self)
+        dialog.open()
+        return dialog
+
     def send(self, text: str) -> asyncio.Task | None:
-        if not self.bridge.ready:
+        if not self._can_reply():
             self.statusBar().showMessage(not_ready_message(self.bridge), 6000)
             return None
         editing = self.composer.editing_id
@@ -221,7 +262,7 @@ class MainWindow(QMainWindow):
     def _make_room(self, text: str) -> bool:
         """The context policy (see :meth:`ConversationActions.make_room`), with its dialogs."""
         stats = self.bridge.stats()
-        if stats is None:
+        if stats is None or self.remote_choice() is not None:  # a remote server checks its own context
             return True
         outcome = self.actions.make_room(text, stats.max_model_len, self.tokens.count, self.ask_overflow)
         if outcome == "too-long":
@@ -253,12 +294,12 @@ class MainWindow(QMainWindow):
             self.composer.cancel_editing()
 
     def regenerate(self) -> asyncio.Task | None:
-        if self.current is None or not self.bridge.ready:
+        if self.current is None or not self._can_reply():
             return None
         return self.controller.regenerate(self.current)
 
     def continue_reply(self, message_id: int) -> asyncio.Task | None:
-        if self.current is None or not self.bridge.ready:
+        if self.current is None or not self._can_reply():
             return None
         return self.controller.continue_reply(self.current, message_id)
 
@@ -302,7 +343,15 @@ class MainWindow(QMainWindow):
             self.import_conversation(Path(path))
 
     def switch_model(self, config: EngineConfig) -> asyncio.Future | None:
-        """Load ``config`` in place of the serving model; replies being written are stopped, so ask first."""
+        """Load ``config`` in place of the serving model; replies being written are stopped, so ask first.
+        A chat that ran on a remote server runs on the local engine from now on."""
+        if self.remote_choice() is not None:
+            self.conversations.set_setting(self.current, REMOTE_SETTING, None)
+            served = self.bridge.config
+            if self.bridge.serving and served is not None and (served.model, served.quantization) == (
+                    config.model, config.quantization):
+                self.model_bar.progress.hide()
+                return None  # that model serves already
         writing = len(self.controller.tasks)
         if writing and not self.confirm_switch(writing):
             self.model_bar.show_serving()
@@ -351,6 +400,12 @@ class MainWindow(QMainWindow):
     def _reply_finished(self, conversation_id: int, message: Message) -> None:
         if conversation_id == self.current:
             self.composer.set_generating(False)
+            if self.remote_choice() is not None:
+                self.remote_panel.record_reply(message.stats)
+
+    def _first_token(self, conversation_id: int, seconds: float) -> None:
+        remote = choice_of(self.conversations.get(conversation_id))
+        (self.remote_panel if remote else self.panel).record_ttft(seconds)
 
     def _loaded(self, stats: EngineStats) -> None:
         self.tokens.forget()  # another model reads another number of tokens
@@ -389,7 +444,9 @@ class MainWindow(QMainWindow):
     def _recount_context(self) -> None:
         """Count the chat's tokens again (a worker thread, cached): when the chat, its persona or the model
         changed; never on a timer."""
-        if self.current is not None and self.bridge.ready:
+        if self.current is not None and self.remote_choice() is not None:
+            self.composer.context.setText("context: counted by the server")
+        elif self.current is not None and self.bridge.ready:
             self.context_count = asyncio.ensure_future(self._count_context(self.current))
 
     async def _count_context(self, conversation_id: int) -> None:
@@ -416,6 +473,7 @@ class MainWindow(QMainWindow):
         settings.setValue("splitter", self.splitter.saveState())
         for task in list(self.controller.tasks.values()):
             task.cancel()
+        self.remote.shutdown()
         super().closeEvent(event)
 
 
