@@ -94,6 +94,8 @@ class ModelBar(QWidget):
             self.model_box.setCurrentIndex(index_of(self.model_box, self.remote_shown))
         elif self.serving is not None:
             self._show(*self.serving)
+        else:  # nothing has loaded yet: the model being loaded, as at the start
+            self._show(self.settings["model"], self.settings["quantization"])
 
     def show_remote(self, choice: RemoteChoice | None) -> None:
         """The chat on screen runs on ``choice`` (None: on the local engine): show that in the bar."""

@@ -239,7 +239,9 @@ class RemoteServersDialog(QDialog):
                        "llama.cpp's llama-server, Ollama or another Kvasir. Add a server here, then pick one of "
                        "its models in the model bar; each chat remembers where it runs.")
         intro.setWordWrap(True)
-        self.empty = QLabel("No server yet.")
+        self.empty = QLabel(f"The server list could not be read: {engines.store.load_error}"
+                            if engines.store.load_error else "No server yet.")
+        self.empty.setWordWrap(True)
         buttons = QHBoxLayout()
         self.add_button, self.edit_button = QPushButton("Add…"), QPushButton("Edit…")
         self.remove_button, self.refresh_button = QPushButton("Remove"), QPushButton("Refresh")

@@ -66,8 +66,13 @@ class RemoteServerStore:
         self.path = path or config_dir() / FILE_NAME
         self._servers: dict[str, RemoteServer] = {}
         self._file_keys: dict[str, str] = {}
+        self.load_error: str | None = None  # the file could not be read: no server is shown, nothing is written
         if self.path.is_file():
-            self._read()
+            try:
+                self._read()
+            except RemoteStoreError as exc:
+                log.warning("%s", exc)
+                self._servers, self._file_keys, self.load_error = {}, {}, str(exc)
 
     def servers(self) -> list[RemoteServer]:
         """Every server, in the order they were added."""
@@ -83,6 +88,8 @@ class RemoteServerStore:
              keep_key: bool = False) -> RemoteServer:
         """Add a server (``server_id`` None) or change one; ``keep_key``: leave an edited server's key as it is.
         Raises :class:`RemoteStoreError` with the reason for a missing name, a name in use or a bad address."""
+        if self.load_error:
+            raise RemoteStoreError(f"{self.load_error}; move it aside or fix it, then open Kvasir again")
         name = (name or "").strip()
         if not name:
             raise RemoteStoreError("give the server a name")
