@@ -39,7 +39,8 @@ FINISH_REASONS = {"stop": "stop", "length": "length"}  # others (tool_calls, con
 
 @dataclass(frozen=True, slots=True)
 class RemoteModel:
-    """One entry of ``/v1/models``: its id and, where the server says (vLLM's ``max_model_len``), its context."""
+    """One entry of ``/v1/models``: its id and, where the server says (vLLM's ``max_model_len``, llama-server's
+    ``meta.n_ctx``), its context length."""
 
     id: str
     owned_by: str | None = None
@@ -100,9 +101,10 @@ class RemoteClient:
             return ServerMetrics.not_reported(f"/metrics answered HTTP {response.status_code}")
         return read_server_metrics(response.text)
 
-    def stream_chat(self, messages: list[dict], sampling: SamplingParams, model: str) -> RemoteStream:
+    def stream_chat(self, messages: list[dict], sampling: SamplingParams, model: str,
+                    request_id: str | None = None) -> RemoteStream:
         """Stream a reply to chat ``messages`` from ``model``; ``async for`` its outputs."""
-        return RemoteStream(self, messages, sampling, model)
+        return RemoteStream(self, messages, sampling, model, request_id)
 
     # -- requests -------------------------------------------------------------------------------------
 
@@ -148,8 +150,9 @@ class RemoteStream:
     """One streamed reply: ``request_id`` at once, then ``async for out in stream``. Leaving the loop (or
     cancelling the task) closes the connection."""
 
-    def __init__(self, client: RemoteClient, messages: list[dict], sampling: SamplingParams, model: str) -> None:
-        self.request_id = f"remote-{uuid.uuid4().hex[:12]}"
+    def __init__(self, client: RemoteClient, messages: list[dict], sampling: SamplingParams, model: str,
+                 request_id: str | None = None) -> None:
+        self.request_id = request_id or new_request_id()
         self.client, self.model = client, model
         self.body = request_body(messages, sampling, model)
 
@@ -216,6 +219,11 @@ class RemoteStream:
         finished = error is not None or (not delta and reply.finish_reason is not None)
         reason = "error" if error is not None else (reply.finish_reason if finished else None)
         return RequestOutput(self.request_id, reply.text, [], delta, [], finished, reason, error, _metrics(reply))
+
+
+def new_request_id() -> str:
+    """An id for a remote reply, told apart from the local engine's."""
+    return f"remote-{uuid.uuid4().hex[:12]}"
 
 
 _END = object()
@@ -324,6 +332,8 @@ def _count(value) -> int | None:
 
 
 def _model(entry: dict) -> RemoteModel:
-    length = _count(entry.get("max_model_len"))
+    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    length = _count(entry.get("max_model_len"))  # vLLM; llama-server says n_ctx in its "meta"
+    length = length if length is not None else _count(meta.get("n_ctx"))
     owner = entry.get("owned_by")
     return RemoteModel(entry["id"], owner if isinstance(owner, str) else None, length)
