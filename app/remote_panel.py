@@ -33,7 +33,7 @@ class RemotePanel(QWidget):
         layout.addWidget(self._group("Remote server", ["Server", "Address", "Model", "Metrics"]))
         layout.addWidget(self._group("KV cache (the server's)", ["Usage", "Prefix hit rate", "Requests"]))
         plots = QGroupBox("Last minute")
-        plot_layout = QFormLayout(plots)
+        self.plot_layout = plot_layout = QFormLayout(plots)
         self.usage_plot, self.hit_plot = Sparkline("#e67e22"), Sparkline("#2eaa6a")
         self.usage_plot.ceiling = self.hit_plot.ceiling = 1.0
         plot_layout.addRow("KV use", self.usage_plot)
@@ -103,10 +103,10 @@ class RemotePanel(QWidget):
         requests = [f"{m.num_running} running" if m.num_running is not None else "",
                     f"{m.num_waiting} waiting" if m.num_waiting is not None else ""]
         self._set("Requests", ", ".join(r for r in requests if r) or NOT_REPORTED)
-        if m.kv_usage is not None:
-            self.usage_plot.add(m.kv_usage)
-        if m.prefix_hit_rate is not None:
-            self.hit_plot.add(m.prefix_hit_rate)
+        for plot, value in ((self.usage_plot, m.kv_usage), (self.hit_plot, m.prefix_hit_rate)):
+            self.plot_layout.setRowVisible(plot, value is not None)  # no empty plot for what is not reported
+            if value is not None:
+                plot.add(value)
 
     def _set(self, name: str, text: str) -> None:
         if self.labels[name].text() != text:

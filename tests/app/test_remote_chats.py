@@ -203,6 +203,7 @@ def test_the_panel_says_what_a_server_does_not_report(qtbot, window, qloop, stub
     panel = window.remote_panel
     run_until(qloop, window.remote.metrics_updated, lambda *_: panel.text("Usage") == NOT_REPORTED)
     assert panel.text("Prefix hit rate").startswith("25% of prompt tokens")
+    assert not panel.plot_layout.isRowVisible(panel.usage_plot) and panel.plot_layout.isRowVisible(panel.hit_plot)
     stub.metrics_text = None  # /metrics answers 404, like Ollama's
     run_until(qloop, window.remote.metrics_updated, lambda *_: panel.text("Prefix hit rate") == NOT_REPORTED)
     assert "HTTP 404" in panel.text("Metrics")
