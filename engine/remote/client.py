@@ -155,6 +155,8 @@ class RemoteStream:
         self.request_id = request_id or new_request_id()
         self.client, self.model = client, model
         self.body = request_body(messages, sampling, model)
+        last = messages[-1] if messages else {}
+        self.continued = (last.get("content") or "") if last.get("role") == "assistant" else ""
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._run()
@@ -185,7 +187,24 @@ class RemoteStream:
             await response.aclose()
 
     async def _deltas(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[str]:
-        """The text pieces of the event stream, recording finish reason and usage on ``reply``."""
+        """The reply's new text, piece by piece and timed; an echo of the message being continued is dropped."""
+        echo = EchoFilter(self.continued)
+        async with aclosing(self._pieces(response, reply)) as pieces:
+            async for piece in pieces:
+                now = time.perf_counter()
+                reply.first = reply.first or now
+                reply.last, reply.pieces = now, reply.pieces + 1
+                delta = echo.feed(piece)
+                if delta:
+                    reply.text += delta
+                    yield delta
+        tail = echo.flush()
+        if tail:
+            reply.text += tail
+            yield tail
+
+    async def _pieces(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[str]:
+        """The text of each event of the stream, recording finish reason and usage on ``reply``."""
         decoder = SSEDecoder()
         async with aclosing(_lines(response)) as lines:
             async for line in lines:
@@ -194,19 +213,14 @@ class RemoteStream:
                     continue
                 if event.data.strip() == DONE:
                     return
-                delta = _apply_chunk(reply, _chunk(event.data, event.event))
-                if delta:
-                    now = time.perf_counter()
-                    reply.first = reply.first or now
-                    reply.last, reply.pieces = now, reply.pieces + 1
-                    reply.text += delta
-                    yield delta
+                piece = _apply_chunk(reply, _chunk(event.data, event.event))
+                if piece:
+                    yield piece
         event = decoder.flush()
         if event is not None and event.data.strip() != DONE:
-            delta = _apply_chunk(reply, _chunk(event.data, event.event))
-            if delta:
-                reply.text += delta
-                yield delta
+            piece = _apply_chunk(reply, _chunk(event.data, event.event))
+            if piece:
+                yield piece
 
     @staticmethod
     def _ending_problem(reply: _Reply) -> str | None:
@@ -219,6 +233,31 @@ class RemoteStream:
         finished = error is not None or (not delta and reply.finish_reason is not None)
         reason = "error" if error is not None else (reply.finish_reason if finished else None)
         return RequestOutput(self.request_id, reply.text, [], delta, [], finished, reason, error, _metrics(reply))
+
+
+class EchoFilter:
+    """Drops the start of a reply that repeats ``prefix``: a chat ending with the assistant's message asks the
+    server to continue it, and llama-server streams that message back before the new words (vLLM and SGLang
+    do not echo it). Text that stops matching is let through whole; nothing else is held back."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self.pending, self.done = prefix, "", not prefix
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` that is new."""
+        if self.done:
+            return text
+        self.pending += text
+        if len(self.pending) < len(self.prefix) and self.prefix.startswith(self.pending):
+            return ""  # so far it could still be the echo
+        self.done = True
+        held, self.pending = self.pending, ""
+        return held[len(self.prefix):] if held.startswith(self.prefix) else held
+
+    def flush(self) -> str:
+        """What was held back when the reply ended before the echo could be told apart."""
+        held, self.pending, self.done = self.pending, "", True
+        return held
 
 
 def new_request_id() -> str:

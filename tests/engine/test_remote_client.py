@@ -9,7 +9,7 @@ import pytest
 
 from engine import SamplingParams
 from engine.remote import RemoteClient, RemoteConfig, RemoteError
-from engine.remote.client import request_body
+from engine.remote.client import EchoFilter, request_body
 from tests.helpers.openai_stub import StubServer, free_port
 
 # a generator of httpx left suspended and finalised outside its task shows as an unraisable exception
@@ -208,3 +208,30 @@ def test_addresses_with_and_without_v1_are_the_same_server():
     assert a.metrics_url == "http://h:8000/metrics"
     assert RemoteConfig("https://gw.example/llm/v1").metrics_url == "https://gw.example/llm/metrics"
     assert RemoteConfig("http://[::1]:1").is_local and not RemoteConfig("http://10.0.0.2").is_local
+
+
+def test_continuing_a_reply_drops_the_servers_echo_of_it(stub):
+    stub.words = ["Paris is", " the", " capital", " of France."]  # the server repeats the message it continues
+
+    async def run():
+        client = RemoteClient(RemoteConfig(stub.url))
+        messages = [*MESSAGES, {"role": "assistant", "content": "Paris is"}]
+        try:
+            return [out async for out in client.stream_chat(messages, SamplingParams(), "m")]
+        finally:
+            await client.aclose()
+
+    outs = asyncio.run(run())
+    assert outs[-1].text == " the capital of France." and outs[0].delta_text == " the"
+
+
+@pytest.mark.parametrize("prefix, pieces, new", [
+    ("Cats are", ["Cats", " are small", " and"], " small and"),  # echoed across pieces
+    ("Cats are", [" small", " and"], " small and"),  # not echoed (vLLM, SGLang)
+    ("Cats are", ["Cats", " sleep"], "Cats sleep"),  # starts alike, then differs: all of it is new
+    ("Cats are", ["Cats"], "Cats"),  # ends before it could tell: what was held comes out
+    ("", ["a", "b"], "ab"),
+])
+def test_echo_filter(prefix, pieces, new):
+    echo = EchoFilter(prefix)
+    assert "".join(echo.feed(p) for p in pieces) + echo.flush() == new

@@ -78,6 +78,15 @@ def test_the_same_prompt_again_is_served_from_the_servers_cache(server):
     assert again.cached_prompt_tokens > 0.5 * again.prompt_tokens
 
 
+def test_continuing_a_cut_reply_adds_only_new_words(server):
+    first = reply(server.url, max_tokens=6, **GREEDY)[-1]
+    assert first.finish_reason == "length"
+    more = reply(server.url, [*QUESTION, {"role": "assistant", "content": first.text}], max_tokens=6, **GREEDY)[-1]
+    assert more.text.strip() and not more.text.startswith(first.text)  # llama-server's echo of it is dropped
+    whole = reply(server.url, max_tokens=12, **GREEDY)[-1].text
+    assert whole.startswith(first.text + more.text)  # greedy: the two parts read as the reply written at once
+
+
 def test_metrics_give_the_hit_rate_and_say_kv_usage_is_not_reported(server):
     reply(server.url, max_tokens=2, **GREEDY)
     m = run(server.url, lambda client: client.server_metrics())
