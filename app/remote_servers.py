@@ -177,17 +177,20 @@ class ServerDialog(QDialog):
     def test_connection(self) -> asyncio.Task | None:
         """List the server's models with what is typed now (nothing is saved); the result shows below."""
         try:
-            config = RemoteConfig(self.url.text(), api_key=self._typed_or_saved_key(), connect_retries=0,
-                                  connect_timeout_s=TEST_TIMEOUT_S, read_timeout_s=TEST_TIMEOUT_S)
+            RemoteConfig(self.url.text())
         except ValueError as exc:
             self._say(f"Not a usable address: {exc}", "#c0392b")
             return None
         self.test_button.setEnabled(False)
         self._say("Connecting…")
-        self.test_task = asyncio.ensure_future(self._test(config))
+        self.test_task = asyncio.ensure_future(self._test(self.url.text(), self.key.text().strip()))
         return self.test_task
 
-    async def _test(self, config: RemoteConfig) -> None:
+    async def _test(self, url: str, typed_key: str) -> None:
+        saved = self.server is not None and not typed_key
+        key = await asyncio.to_thread(self.engines.store.api_key, self.server.id) if saved else typed_key or None
+        config = RemoteConfig(url, api_key=key, connect_retries=0, connect_timeout_s=TEST_TIMEOUT_S,
+                              read_timeout_s=TEST_TIMEOUT_S)
         client = RemoteClient(config)
         try:
             models = await client.models()
@@ -203,12 +206,6 @@ class ServerDialog(QDialog):
             "it reports no KV-cache metrics"
         self._say(f"Connected: {len(models)} model{'s' if len(models) != 1 else ''} ({names}); {reported}.",
                   "#2e8b57")
-
-    def _typed_or_saved_key(self) -> str | None:
-        typed = self.key.text().strip()
-        if typed or self.server is None:
-            return typed or None
-        return self.engines.store.api_key(self.server.id)
 
     def accept(self) -> None:
         """Save, or say what is wrong and stay open (nothing typed is lost)."""

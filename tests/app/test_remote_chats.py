@@ -154,6 +154,21 @@ def test_regenerate_and_edit_run_on_the_chats_server(window, qloop, store, stub,
     assert window.bridge.requests == []
 
 
+def test_continue_adds_to_a_cut_reply_without_repeating_it(window, qloop, store, stub, remote):
+    on_remote(window, remote)
+    conversation = window.conversations.get(window.current)
+    window.conversations.configure(window.current, conversation.preset, conversation.system_prompt,
+                                   {**conversation.settings, "max_tokens": 3})
+    cut = qloop.run_until_complete(window.send("hi"))
+    assert (cut.text, cut.stats["finish_reason"]) == ("Paris is the", "length")
+    assert window.chat.message_widget(cut.id).button("Continue") is not None
+    window.conversations.configure(window.current, conversation.preset, conversation.system_prompt,
+                                   {**conversation.settings, "max_tokens": 16})
+    more = qloop.run_until_complete(window.continue_reply(cut.id))  # the stub repeats the reply, as llama-server
+    assert more.id == cut.id and more.text == "Paris is the capital of France." and more.status == "complete"
+    assert stub.requests[-1]["messages"][-1] == {"role": "assistant", "content": "Paris is the"}
+
+
 def test_switching_chats_switches_the_engine_the_bar_and_the_panel(window, qloop, store, stub, remote):
     remote_chat = window.current
     choice = on_remote(window, remote)
