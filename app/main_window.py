@@ -352,7 +352,7 @@ class MainWindow(QMainWindow):
                     config.model, config.quantization):
                 self.model_bar.progress.hide()
                 return None  # that model serves already
-        writing = len(self.controller.tasks)
+        writing = sum(1 for c in self.controller.tasks if choice_of(self.conversations.get(c)) is None)  # local
         if writing and not self.confirm_switch(writing):
             self.model_bar.show_serving()
             self.model_bar.progress.hide()

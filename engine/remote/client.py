@@ -31,6 +31,7 @@ from .metrics import ServerMetrics, read_server_metrics
 from .server_url import RemoteConfig
 from .sse import DONE, SSEDecoder
 
+METRICS_TIMEOUT_S = 5.0  # a scrape that takes longer is not worth waiting for: the panel asks again
 RETRY_BACKOFF_S = 0.25  # doubled after each failed connection attempt
 RETRY_STATUSES = {502, 503, 504}  # a GET of the model list may be repeated when a proxy or a starting server says so
 SAMPLING_DEFAULTS = SamplingParams()
@@ -94,7 +95,8 @@ class RemoteClient:
         :class:`ServerMetrics` (nothing reported) when it has none. Raises :class:`RemoteError` only when the
         server can't be reached at all."""
         try:
-            response = await self._http.get(self.config.metrics_url, headers={"Accept": "text/plain"})
+            response = await self._http.get(self.config.metrics_url, headers={"Accept": "text/plain"},
+                                            timeout=min(METRICS_TIMEOUT_S, self.config.read_timeout_s))
         except httpx.HTTPError as exc:
             raise RemoteError(transport_reason(exc, self.config.base_url, self.config.read_timeout_s)) from exc
         if response.status_code != 200:
@@ -279,7 +281,7 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
         try:
             async for line in response.aiter_lines():
                 await queue.put(line)
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # handed to the reader below, which must never wait for a line that won't come
             await queue.put(exc)
         else:
             await queue.put(_END)

@@ -286,3 +286,20 @@ def test_removing_a_server_asks_first(qtbot, window, monkeypatch, remote):
     monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: QMessageBox.Yes))
     dialog.remove_selected()
     assert window.remote.servers() == [] and not dialog.empty.isHidden()
+
+
+def test_switching_the_local_model_does_not_ask_about_remote_replies(window, qloop, monkeypatch, stub, remote):
+    from engine import EngineConfig
+
+    stub.behaviour, stub.pieces, stub.stall_s = "stall", 1, 30
+    on_remote(window, remote)
+    remote_chat = window.current
+    task = window.send("a long one")
+    run_until(qloop, window.controller.reply_delta, lambda *_: True)
+    window.actions.open(window.conversations.create("local").id)
+    asked = []
+    monkeypatch.setattr(window, "confirm_switch", lambda writing: asked.append(writing) or True)
+    qloop.run_until_complete(window.switch_model(EngineConfig(model="default", quantization="int8")))
+    assert asked == [] and window.controller.is_generating(remote_chat)  # the remote reply goes on
+    window.controller.stop(remote_chat)
+    assert qloop.run_until_complete(asyncio.gather(task, return_exceptions=True))[0].status == "stopped"
