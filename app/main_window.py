@@ -404,8 +404,12 @@ class MainWindow(QMainWindow):
                 self.remote_panel.record_reply(message.stats)
 
     def _first_token(self, conversation_id: int, seconds: float) -> None:
+        """The local panel times local replies; the remote panel those of the server it shows."""
         remote = choice_of(self.conversations.get(conversation_id))
-        (self.remote_panel if remote else self.panel).record_ttft(seconds)
+        if remote is None:
+            self.panel.record_ttft(seconds)
+        elif self.remote_panel.choice is not None and remote.server_id == self.remote_panel.choice.server_id:
+            self.remote_panel.record_ttft(seconds)
 
     def _loaded(self, stats: EngineStats) -> None:
         self.tokens.forget()  # another model reads another number of tokens
