@@ -11,7 +11,8 @@ from engine import SamplingParams
 
 from .bridge import ChatEngine
 from .conversations import Conversations
-from .remote_engines import RemoteEngines, choice_of
+from .remote_engines import RemoteEngines
+from .remote_store import choice_of
 from .store import Message
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it

@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Signal
 from .chat_controller import ChatController
 from .conversations import Conversations
 from .export import from_json, to_json, to_markdown
-from .remote_engines import SETTING as REMOTE_SETTING
+from .remote_store import SETTING as REMOTE_SETTING
 from .settings import Preset, Settings
 from .store import Conversation
 

@@ -36,11 +36,11 @@ from .engine_banner import EngineBanner, not_ready_message
 from .engine_panel import EnginePanel
 from .model_bar import ModelBar
 from .model_dialog import ModelDialog
-from .remote_engines import SETTING as REMOTE_SETTING
-from .remote_engines import RemoteChoice, RemoteEngines, choice_of
+from .remote_engines import RemoteEngines
 from .remote_panel import RemotePanel
 from .remote_servers import RemoteServersDialog
-from .remote_store import RemoteServerStore
+from .remote_store import SETTING as REMOTE_SETTING
+from .remote_store import RemoteChoice, RemoteServerStore, choice_of
 from .settings import Settings, load_presets
 from .store import Message, Store
 from .theme import apply_theme

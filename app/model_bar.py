@@ -14,8 +14,9 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPus
 from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
 
 from .bridge import ChatEngine
-from .remote_engines import RemoteChoice, RemoteEngines
+from .remote_engines import RemoteEngines
 from .remote_servers import REMOTE_ROLE, add_remote_items, index_of
+from .remote_store import RemoteChoice
 from .settings import Settings
 
 

@@ -1,10 +1,10 @@
 """Remote servers as the window uses them: their models, their replies and their live metrics.
 
 A conversation that runs on a remote server says so in its settings (``settings["remote"] =
-{"server": id, "model": name}``; absent: the local engine), so switching chats switches engines, and a new chat
-made like another runs where that one runs. Everything network-bound runs on the qasync loop with httpx's
-async client; nothing here waits on the GUI thread, so a dead server never hangs the window. Keyring reads
-run on a worker thread (a keyring may ask to be unlocked).
+{"server": id, "model": name}``, read by :func:`app.remote_store.choice_of`; absent: the local engine), so
+switching chats switches engines, and a new chat made like another runs where that one runs. Everything
+network-bound runs on the qasync loop with httpx's async client; nothing here waits on the GUI thread, so a
+dead server never hangs the window. Keyring reads run on a worker thread (a keyring may ask to be unlocked).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -22,36 +21,11 @@ from engine.remote import RemoteClient, RemoteError, RemoteModel, ServerMetrics
 from engine.remote.client import new_request_id
 from engine.remote.metrics import HitRateWindow
 
-from .remote_store import RemoteServer, RemoteServerStore
-from .store import Conversation
+from .remote_store import RemoteChoice, RemoteServer, RemoteServerStore
 
 log = logging.getLogger(__name__)
 
 METRICS_INTERVAL_MS = 1000
-SETTING = "remote"  # the key of a conversation's settings that names its server and model
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteChoice:
-    """A model on a remote server: what a conversation runs on instead of the local engine."""
-
-    server_id: str
-    model: str
-
-    def to_setting(self) -> dict:
-        return {"server": self.server_id, "model": self.model}
-
-    @classmethod
-    def from_setting(cls, value) -> RemoteChoice | None:
-        """The choice stored in a conversation's settings, or None (the local engine) for anything else."""
-        if isinstance(value, dict) and isinstance(value.get("server"), str) and isinstance(value.get("model"), str):
-            return cls(value["server"], value["model"])
-        return None
-
-
-def choice_of(conversation: Conversation) -> RemoteChoice | None:
-    """The remote model a conversation runs on; None when it runs on the local engine."""
-    return RemoteChoice.from_setting(conversation.settings.get(SETTING))
 
 
 class RemoteEngines(QObject):

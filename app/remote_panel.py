@@ -12,7 +12,8 @@ from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidg
 from engine.remote import ServerMetrics
 
 from .engine_panel import Sparkline
-from .remote_engines import RemoteChoice, RemoteEngines
+from .remote_engines import RemoteEngines
+from .remote_store import RemoteChoice
 
 NOT_REPORTED = "not reported by this server"
 

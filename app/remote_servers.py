@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
 
 from engine.remote import RemoteClient, RemoteConfig, RemoteError
 
-from .remote_engines import RemoteChoice, RemoteEngines
-from .remote_store import RemoteServer, RemoteStoreError
+from .remote_engines import RemoteEngines
+from .remote_store import RemoteChoice, RemoteServer, RemoteStoreError
 
 REMOTE_ROLE = Qt.UserRole + 1  # a model bar item's RemoteChoice (local items hold their spec in Qt.UserRole)
 ServerIdRole = Qt.UserRole + 2

@@ -1,4 +1,5 @@
-"""The remote servers the user added, and their API keys. No Qt in here.
+"""The remote servers the user added, their API keys, and which of their models a conversation runs on
+(:class:`RemoteChoice`, kept in the conversation's settings). No Qt in here.
 
 Servers live in ``remote_servers.json`` in the settings folder, readable by the user only. Each key goes to the
 system keyring (``keyring``: macOS Keychain, Windows Credential Locker, the Secret Service on Linux) where
@@ -19,6 +20,7 @@ from engine.remote import RemoteConfig
 from engine.remote.server_url import normalise_base_url
 
 from .settings import config_dir
+from .store import Conversation
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,7 @@ FILE_NAME = "remote_servers.json"
 FORMAT_VERSION = 1
 KEYRING_SERVICE = "Kvasir remote servers"
 KEY_PLACES = ("keyring", "file", "none")
+SETTING = "remote"  # the key of a conversation's settings that names its server and model
 
 
 class RemoteStoreError(ValueError):
@@ -48,6 +51,29 @@ class KeyStorage:
 
     place: str  # "keyring" | "file"
     description: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteChoice:
+    """A model on a remote server: what a conversation runs on instead of the local engine."""
+
+    server_id: str
+    model: str
+
+    def to_setting(self) -> dict:
+        return {"server": self.server_id, "model": self.model}
+
+    @classmethod
+    def from_setting(cls, value) -> RemoteChoice | None:
+        """The choice stored in a conversation's settings, or None (the local engine) for anything else."""
+        if isinstance(value, dict) and isinstance(value.get("server"), str) and isinstance(value.get("model"), str):
+            return cls(value["server"], value["model"])
+        return None
+
+
+def choice_of(conversation: Conversation) -> RemoteChoice | None:
+    """The remote model a conversation runs on; None when it runs on the local engine."""
+    return RemoteChoice.from_setting(conversation.settings.get(SETTING))
 
 
 def key_storage(file: Path) -> KeyStorage:

@@ -3,14 +3,15 @@ there at all; the local engine is the scripted bridge, which must not be asked f
 
 import asyncio
 import gc
+import json
 
 import pytest
 from PySide6.QtCore import Qt
 
 from app.chat_view import MessageAction
-from app.remote_engines import RemoteChoice, choice_of
 from app.remote_panel import NOT_REPORTED
 from app.remote_servers import REMOTE_ROLE, RemoteServerListModel, RemoteServersDialog, ServerDialog, index_of
+from app.remote_store import RemoteChoice, choice_of
 from tests.helpers.openai_stub import StubServer, free_port
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
@@ -303,3 +304,17 @@ def test_switching_the_local_model_does_not_ask_about_remote_replies(window, qlo
     assert asked == [] and window.controller.is_generating(remote_chat)  # the remote reply goes on
     window.controller.stop(remote_chat)
     assert qloop.run_until_complete(asyncio.gather(task, return_exceptions=True))[0].status == "stopped"
+
+
+def test_a_remote_chat_exports_and_imports_with_where_it_runs(window, qloop, tmp_path, stub, remote):
+    from app.export import ConversationImportError, from_json, to_json
+
+    choice = on_remote(window, remote)
+    qloop.run_until_complete(window.send("hi"))
+    text = to_json(window.store, window.current)
+    imported = from_json(window.store, text)
+    assert choice_of(window.store.conversation(imported)) == choice
+    damaged = json.loads(text)
+    damaged["conversation"]["settings"]["remote"]["model"] = 7
+    with pytest.raises(ConversationImportError, match="must name a server and a model"):
+        from_json(window.store, json.dumps(damaged))

@@ -6,9 +6,9 @@ import gc
 
 import pytest
 
-from app.remote_engines import RemoteChoice, choice_of
 from app.remote_panel import NOT_REPORTED
 from app.remote_servers import index_of
+from app.remote_store import RemoteChoice, choice_of
 from tests.helpers.llama_server import API_KEY, MODEL_ALIAS, llama_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")]
