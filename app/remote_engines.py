@@ -10,8 +10,6 @@ dead server never hangs the window. Keyring reads run on a worker thread (a keyr
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections.abc import AsyncIterator
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -22,8 +20,6 @@ from engine.remote.client import new_request_id
 from engine.remote.metrics import HitRateWindow
 
 from .remote_store import RemoteChoice, RemoteServer, RemoteServerStore
-
-log = logging.getLogger(__name__)
 
 METRICS_INTERVAL_MS = 1000
 
@@ -179,14 +175,6 @@ class RemoteEngines(QObject):
         self._timer.stop()
         for task in list(self._tasks):
             task.cancel()
-
-    async def aclose(self) -> None:
-        """Close every connection pool."""
-        self.shutdown()
-        for client in list(self._clients.values()):
-            with contextlib.suppress(Exception):
-                await client.aclose()
-        self._clients.clear()
 
 
 class RemoteReply:
