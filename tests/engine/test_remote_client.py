@@ -235,3 +235,23 @@ def test_continuing_a_reply_drops_the_servers_echo_of_it(stub):
 def test_echo_filter(prefix, pieces, new):
     echo = EchoFilter(prefix)
     assert "".join(echo.feed(p) for p in pieces) + echo.flush() == new
+
+
+def test_a_server_that_never_accepts_times_out_connecting_and_says_so():
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # never accepted: once its backlog is full, new connections get no answer
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        try:
+            outs = collect(RemoteConfig(f"http://127.0.0.1:{port}", connect_timeout_s=0.3, connect_retries=1))
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert len(outs) == 1 and outs[0].finish_reason == "error" and outs[0].text == ""
+    assert "no answer within the connect timeout" in outs[0].error
