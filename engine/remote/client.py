@@ -299,8 +299,8 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
 
 def request_body(messages: list[dict], sampling: SamplingParams, model: str) -> dict:
     """The ``/v1/chat/completions`` body: the usual OpenAI fields, and the extensions vLLM, SGLang and
-    llama-server accept (top_k, min_p, repetition_penalty, ...) only when they differ from the defaults, so a
-    strict server is not sent fields it refuses."""
+    llama-server accept (top_k, min_p, repetition_penalty, ..., continuing the final message) only where they
+    are needed, so a strict server is not sent fields it refuses."""
     body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
     if sampling.seed is not None:
@@ -312,6 +312,9 @@ def request_body(messages: list[dict], sampling: SamplingParams, model: str) -> 
             body[name] = getattr(sampling, name)
     if sampling.stop_token_ids:
         body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if messages and messages[-1].get("role") == "assistant":
+        # continue that message rather than start another: vLLM's fields, which SGLang and llama-server read too
+        body["continue_final_message"], body["add_generation_prompt"] = True, False
     return body
 
 

@@ -73,7 +73,10 @@ def test_sampling_is_passed_through_and_defaults_of_extensions_are_not_sent(stub
     assert body["stop"] == ["\n\n", "END"] and body["top_k"] == 40 and body["model"] == "stub-model"
     assert "min_p" not in body and "repetition_penalty" not in body and "ignore_eos" not in body
     assert final.finish_reason == "length" and final.text == "Paris is the"
-    assert "seed" not in request_body(MESSAGES, SamplingParams(), "m")
+    plain = request_body(MESSAGES, SamplingParams(), "m")
+    assert "seed" not in plain and "continue_final_message" not in plain and "add_generation_prompt" not in plain
+    continuing = request_body([*MESSAGES, {"role": "assistant", "content": "Paris"}], SamplingParams(), "m")
+    assert (continuing["continue_final_message"], continuing["add_generation_prompt"]) == (True, False)
 
 
 def test_the_api_key_is_sent_as_a_bearer_token(stub):
