@@ -239,8 +239,8 @@ class RemoteStream:
 
 class EchoFilter:
     """Drops the start of a reply that repeats ``prefix``: a chat ending with the assistant's message asks the
-    server to continue it, and llama-server streams that message back before the new words (vLLM and SGLang
-    do not echo it). Text that stops matching is let through whole; nothing else is held back."""
+    server to continue it, and llama-server streams that message back before the new words; a server that
+    does not echo it loses nothing. Text that stops matching is let through whole; nothing else is held back."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix, self.pending, self.done = prefix, "", not prefix
