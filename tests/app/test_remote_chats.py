@@ -347,3 +347,35 @@ def test_a_remote_chat_exports_and_imports_with_where_it_runs(window, qloop, tmp
     damaged["conversation"]["settings"]["remote"]["model"] = 7
     with pytest.raises(ConversationImportError, match="must name a server and a model"):
         from_json(window.store, json.dumps(damaged))
+
+
+def test_a_server_that_never_answers_does_not_hold_up_the_window(qtbot, window, qloop, monkeypatch):
+    import socket
+
+    from PySide6.QtCore import QTimer
+
+    from engine.remote import RemoteConfig
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # never accepted: once its backlog is full, connections get no answer
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        server = window.remote.save_server("Silent", f"http://127.0.0.1:{port}", None)
+        monkeypatch.setattr(window.remote.store, "config", lambda server_id: RemoteConfig(
+            f"http://127.0.0.1:{port}", connect_timeout_s=0.4, connect_retries=1))
+        window.use_remote(RemoteChoice(server.id, "m"))
+        ticks = []
+        timer = QTimer(interval=20, timeout=lambda: ticks.append(1))
+        timer.start()
+        try:
+            message = qloop.run_until_complete(window.send("anyone there?"))
+        finally:
+            timer.stop()
+            for filler in fillers:
+                filler.close()
+    assert message.status == "error" and "no answer within the connect timeout" in message.error
+    assert len(ticks) >= 20  # the window's event loop ran all along (about 1 s of waiting, a tick every 20 ms)
