@@ -41,7 +41,9 @@ run: install
 chat: install
 	$(PY) -m engine chat
 
-test: install
+# `make test` also builds llama-server (`make peers`: cached, seconds once built): the remote-engine tests run a
+# real one and fail, not skip, without it.
+test: install peers
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install

@@ -11,6 +11,8 @@ from engine import SamplingParams
 
 from .bridge import ChatEngine
 from .conversations import Conversations
+from .remote_engines import RemoteEngines
+from .remote_store import choice_of
 from .store import Message
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
@@ -28,9 +30,10 @@ class ChatController(QObject):
     reply_finished = Signal(int, object)  # conversation id, the stored Message
     error = Signal(str)
 
-    def __init__(self, conversations: Conversations, bridge: ChatEngine, parent=None) -> None:
+    def __init__(self, conversations: Conversations, bridge: ChatEngine, parent=None,
+                 remote: RemoteEngines | None = None) -> None:
         super().__init__(parent)
-        self.conversations, self.bridge = conversations, bridge
+        self.conversations, self.bridge, self.remote = conversations, bridge, remote
         self.tasks: dict[int, asyncio.Task] = {}
         self.streaming: dict[int, dict[int, str]] = {}  # conversation -> reply id -> text so far
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
@@ -122,11 +125,11 @@ class ChatController(QObject):
 
     async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> Message:
         messages = self.messages_for_model(conversation_id)  # a continued reply is its last message
-        stats = self.bridge.stats()
+        remote = choice_of(self.conversations.get(conversation_id)) if self.remote is not None else None
         if continuing is None:
+            model, quantization = self._model_names(remote)
             reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
-                                                   status="partial", model=stats.model_name if stats else None,
-                                                   quantization=stats.quantization if stats else None)
+                                                   status="partial", model=model, quantization=quantization)
         else:
             reply = continuing
         before = reply.text
@@ -135,7 +138,11 @@ class ChatController(QObject):
         self.reply_started.emit(conversation_id, reply.id)
         text, last, status, error, saved = before, None, "stopped", None, time.monotonic()
         try:
-            stream = self.bridge.stream(messages, self.sampling_for(conversation_id))
+            sampling = self.sampling_for(conversation_id)
+            if remote is not None:
+                stream = self.remote.stream(remote, messages, sampling)
+            else:
+                stream = self.bridge.stream(messages, sampling)
             self.request_owners[stream.request_id] = conversation_id
             async for out in stream:
                 if last is None and out.metrics.ttft_s is not None:
@@ -159,6 +166,13 @@ class ChatController(QObject):
                                                        stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
         return stored
+
+    def _model_names(self, remote) -> tuple[str | None, str | None]:
+        """The model and quantisation a reply is written by: the remote server's model, or the local one's."""
+        if remote is not None:
+            return self.remote.label(remote), None
+        stats = self.bridge.stats()
+        return (stats.model_name, stats.quantization) if stats else (None, None)
 
 
 def _metrics(out, earlier: dict | None = None) -> dict:

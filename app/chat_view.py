@@ -80,7 +80,9 @@ def stats_line(message: Message) -> str:
     parts.append(f"{s.get('output_tokens', 0)} tokens")
     if s.get("decode_tokens_per_s"):
         parts.append(f"{s['decode_tokens_per_s']:.1f} tok/s")
-    if s.get("prompt_tokens"):
+    if s.get("prompt_tokens") and s.get("cached_prompt_tokens", 0) is None:  # a server that doesn't say
+        parts.append(f"{s['prompt_tokens']:,} prompt tokens")
+    elif s.get("prompt_tokens"):
         parts.append(f"{s.get('cached_prompt_tokens', 0):,} of {s['prompt_tokens']:,} prompt tokens from cache")
     if s.get("queue_time_s") is not None:
         parts.append(f"queued {s['queue_time_s'] * 1000:.0f} ms")

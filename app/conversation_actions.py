@@ -18,6 +18,7 @@ from .chat_controller import ChatController
 from .conversations import Conversations
 from .export import from_json, to_json, to_markdown
 from .personas import Personas
+from .remote_store import SETTING as REMOTE_SETTING
 from .settings import DEFAULTS, Settings
 from .store import Conversation
 
@@ -64,14 +65,25 @@ class ConversationActions(QObject):
         return conversation
 
     def create(self, like: int | None = None) -> Conversation:
-        """A chat with the default persona and sampling, or with those of chat ``like``."""
+        """A chat with the default persona and sampling, or with those of chat ``like``. It runs where that
+        chat, or else the chat on screen, runs: the local engine or a remote server's model."""
         if like is not None:
             source = self.conversations.get(like)
             settings = {k: v for k, v in source.settings.items() if k != "skip_messages"}
             return self.conversations.create("New chat", source.system_prompt, source.preset, settings)
         preset = self.personas.get(self.settings["preset"]) or self.personas.get(DEFAULTS["preset"])
+        settings = dict(self.settings["sampling"])
+        remote = self._on_screen_settings().get(REMOTE_SETTING)
+        if remote is not None:
+            settings[REMOTE_SETTING] = remote
         return self.conversations.create("New chat", preset.system_prompt if preset else "",
-                                         preset.name if preset else None, dict(self.settings["sampling"]))
+                                         preset.name if preset else None, settings)
+
+    def _on_screen_settings(self) -> dict:
+        try:
+            return self.conversations.get(self.current).settings if self.current is not None else {}
+        except KeyError:
+            return {}
 
     # -- chats --------------------------------------------------------------------------------------
 

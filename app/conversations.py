@@ -97,6 +97,16 @@ class Conversations(QObject):
                                        settings=settings)
         self.conversation_changed.emit(conversation_id)
 
+    def set_setting(self, conversation_id: int, key: str, value) -> None:
+        """Set (or, with ``None``, remove) one of a chat's settings, such as the remote model it runs on."""
+        settings = dict(self.get(conversation_id).settings)
+        if value is None:
+            settings.pop(key, None)
+        else:
+            settings[key] = value
+        self.store.update_conversation(conversation_id, settings=settings)
+        self.conversation_changed.emit(conversation_id)
+
     def set_skipped(self, conversation_id: int, count: int) -> None:
         """Leave the first ``count`` messages out of what the model reads (they stay on screen, greyed)."""
         settings = dict(self.get(conversation_id).settings)

@@ -6,6 +6,8 @@ import json
 import math
 import time
 
+from .remote_store import SETTING as REMOTE_SETTING
+from .remote_store import RemoteChoice
 from .settings import SAMPLING_KEYS, sampling_problems
 from .store import Store
 
@@ -134,9 +136,11 @@ def _names(types: tuple) -> str:
 def _check_conversation(meta) -> None:
     _check_fields("'conversation'", meta, CONVERSATION_KEYS)
     settings = meta.get("settings") or {}
-    unknown = set(settings) - set(SAMPLING_KEYS) - {"skip_messages"}
+    unknown = set(settings) - set(SAMPLING_KEYS) - {"skip_messages", REMOTE_SETTING}
     if unknown:
         raise ConversationImportError(f"unknown chat settings: {', '.join(sorted(unknown))}")
+    if REMOTE_SETTING in settings and RemoteChoice.from_setting(settings[REMOTE_SETTING]) is None:
+        raise ConversationImportError("the setting 'remote' must name a server and a model")
     skip = settings.get("skip_messages", 0)
     if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
         raise ConversationImportError(f"the setting skip_messages={skip!r} is not a count")

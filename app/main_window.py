@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSplitter,
+    QStackedWidget,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -41,6 +42,11 @@ from .local_api import LocalApi
 from .model_bar import ModelBar
 from .model_dialog import ModelDialog
 from .personas import Personas
+from .remote_engines import RemoteEngines
+from .remote_panel import RemotePanel
+from .remote_servers import RemoteServersDialog
+from .remote_store import SETTING as REMOTE_SETTING
+from .remote_store import RemoteChoice, RemoteServerStore, choice_of
 from .settings import DEFAULTS, Settings, load_presets, next_text_scale
 from .shortcuts import COMMANDS, MENUS, ShortcutsDialog
 from .store import Message, Store
@@ -54,7 +60,7 @@ class MainWindow(QMainWindow):
     them in :class:`ConversationActions`, replies in :class:`ChatController`, the engine behind the bridge."""
 
     def __init__(self, store: Store, bridge: ChatEngine, library: ModelLibrary | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, remote: RemoteEngines | None = None) -> None:
         super().__init__()
         self.setWindowTitle("Kvasir")
         self.store, self.bridge = store, bridge
@@ -62,7 +68,8 @@ class MainWindow(QMainWindow):
         self.settings = settings or Settings()
         self.personas = Personas(store, load_presets(), self.settings, self)
         self.conversations = Conversations(store, self)
-        self.controller = ChatController(self.conversations, bridge, self)
+        self.remote = remote if remote is not None else RemoteEngines(RemoteServerStore(), self)
+        self.controller = ChatController(self.conversations, bridge, self, remote=self.remote)
         self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)
         self.tokens = TokenCounter(bridge.count_tokens)
         self.local_api = LocalApi(lambda: getattr(bridge, "engine", None), self)  # the bridge's own engine
@@ -74,6 +81,7 @@ class MainWindow(QMainWindow):
         follow_system_scheme(self._system_scheme_changed)
         self.set_text_scale(self.settings["text_scale"], save=False)
         self.actions.open_first()
+        self.remote.refresh_all()
 
     @property
     def current(self) -> int | None:
@@ -83,7 +91,7 @@ class MainWindow(QMainWindow):
     # -- layout -------------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.model_bar = ModelBar(self.library, self.bridge, self.settings)
+        self.model_bar = ModelBar(self.library, self.bridge, self.settings, remote=self.remote)
         self.sidebar = ConversationSidebar(self.conversations)
         self.chat = ChatView()
         self.composer = Composer()
@@ -114,7 +122,11 @@ class MainWindow(QMainWindow):
                                         + self.panel_area.verticalScrollBar().sizeHint().width())
         self.panel_area.setFocusPolicy(Qt.NoFocus)
         self.splitter = QSplitter(Qt.Horizontal)
-        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panel_area, 0)):
+        self.remote_panel = RemotePanel(self.remote)
+        self.panels = QStackedWidget()  # the local engine's panel, or the remote server's for a remote chat
+        self.panels.addWidget(self.panel_area)
+        self.panels.addWidget(self.remote_panel)
+        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panels, 0)):
             self.splitter.addWidget(widget)
             self.splitter.setStretchFactor(self.splitter.indexOf(widget), stretch)
         self.splitter.setSizes([230, 650, 300])
@@ -164,6 +176,7 @@ class MainWindow(QMainWindow):
             "text_smaller": lambda: self.set_text_scale(next_text_scale(self.settings["text_scale"], -1)),
             "text_reset": lambda: self.set_text_scale(DEFAULTS["text_scale"]),
             "choose_model": self.choose_model, "model_manager": self.open_model_manager,
+            "remote_servers": self.open_remote_servers,
             "shortcuts": self.show_shortcuts,
         }
         menus = {title: self.menuBar().addMenu(title) for title in MENUS}
@@ -201,7 +214,7 @@ class MainWindow(QMainWindow):
         self.chat.action.connect(self._message_action)
         self.controller.reply_started.connect(self._reply_started)
         self.controller.reply_delta.connect(self._reply_delta)
-        self.controller.first_token.connect(lambda _, seconds: self.panel.record_ttft(seconds))
+        self.controller.first_token.connect(self._first_token)
         self.controller.reply_finished.connect(self._reply_finished)
         self.bridge.loaded.connect(self._loaded)
         self.bridge.load_failed.connect(self._load_failed)
@@ -209,10 +222,11 @@ class MainWindow(QMainWindow):
         self.bridge.engine_failed.connect(self._engine_failed)
         self.banner.restart_requested.connect(self.restart_engine)
         self.banner.choose_model_requested.connect(self.open_model_manager)
-        self.model_bar.panel_button.toggled.connect(self.panel_area.setVisible)
+        self.model_bar.panel_button.toggled.connect(self.panels.setVisible)
         self.personas.changed.connect(self._update_header)
         self.model_bar.switch_requested.connect(self.switch_model)
         self.local_api.changed.connect(self._api_changed)
+        self.model_bar.remote_requested.connect(self.use_remote)
 
     # -- actions ------------------------------------------------------------------------------------
 
@@ -220,6 +234,7 @@ class MainWindow(QMainWindow):
         self.sidebar.select(conversation_id)
         self._refresh_chat()
         self._update_header()
+        self._show_engine()
         self.composer.set_generating(self.controller.is_generating(conversation_id))
         self.composer.edit.setFocus()
         self._recount_context()
@@ -232,6 +247,7 @@ class MainWindow(QMainWindow):
     def _conversation_changed(self, conversation_id: int) -> None:
         if conversation_id == self.current:
             self._update_header()
+            self._show_engine()
             self._recount_context()
 
     def edit_chat_settings(self) -> None:
@@ -290,10 +306,34 @@ class MainWindow(QMainWindow):
         self.shortcuts_dialog = dialog
         dialog.show()
         dialog.raise_()
+
+    def remote_choice(self) -> RemoteChoice | None:
+        """The remote model the chat on screen runs on; None when it runs on the local engine."""
+        return choice_of(self.conversations.get(self.current)) if self.current is not None else None
+
+    def _can_reply(self) -> bool:
+        return self.remote_choice() is not None or self.bridge.ready
+
+    def use_remote(self, choice: RemoteChoice) -> None:
+        """The chat on screen runs on a remote server's model from now on."""
+        if self.current is not None:
+            self.conversations.set_setting(self.current, REMOTE_SETTING, choice.to_setting())
+
+    def _show_engine(self) -> None:
+        """The model bar, the panel and the metrics polling follow where the chat on screen runs."""
+        choice = self.remote_choice()
+        self.model_bar.show_remote(choice)
+        self.remote_panel.show_choice(choice)
+        self.panels.setCurrentWidget(self.remote_panel if choice else self.panel_area)
+        self.remote.watch(choice.server_id if choice else None)
+
+    def open_remote_servers(self) -> RemoteServersDialog:
+        dialog = RemoteServersDialog(self.remote, self)
+        dialog.open()
         return dialog
 
     def send(self, text: str) -> asyncio.Task | None:
-        if not self.bridge.ready:
+        if not self._can_reply():
             self.statusBar().showMessage(not_ready_message(self.bridge), 6000)
             return None
         editing = self.composer.editing_id
@@ -307,7 +347,7 @@ class MainWindow(QMainWindow):
     def _make_room(self, text: str) -> bool:
         """The context policy (see :meth:`ConversationActions.make_room`), with its dialogs."""
         stats = self.bridge.stats()
-        if stats is None:
+        if stats is None or self.remote_choice() is not None:  # a remote server checks its own context
             return True
         outcome = self.actions.make_room(text, stats.max_model_len, self.tokens.count, self.ask_overflow)
         if outcome == "too-long":
@@ -339,12 +379,12 @@ class MainWindow(QMainWindow):
             self.composer.cancel_editing()
 
     def regenerate(self) -> asyncio.Task | None:
-        if self.current is None or not self.bridge.ready:
+        if self.current is None or not self._can_reply():
             return None
         return self.controller.regenerate(self.current)
 
     def continue_reply(self, message_id: int) -> asyncio.Task | None:
-        if self.current is None or not self.bridge.ready:
+        if self.current is None or not self._can_reply():
             return None
         return self.controller.continue_reply(self.current, message_id)
 
@@ -395,8 +435,16 @@ class MainWindow(QMainWindow):
             self.import_conversation(Path(path))
 
     def switch_model(self, config: EngineConfig) -> asyncio.Future | None:
-        """Load ``config`` in place of the serving model; replies being written are stopped, so ask first."""
-        writing = len(self.controller.tasks)
+        """Load ``config`` in place of the serving model; replies being written are stopped, so ask first.
+        A chat that ran on a remote server runs on the local engine from now on."""
+        if self.remote_choice() is not None:
+            self.conversations.set_setting(self.current, REMOTE_SETTING, None)
+            served = self.bridge.config
+            if self.bridge.serving and served is not None and (served.model, served.quantization) == (
+                    config.model, config.quantization):
+                self.model_bar.progress.hide()
+                return None  # that model serves already
+        writing = sum(1 for c in self.controller.tasks if choice_of(self.conversations.get(c)) is None)  # local
         if writing and not self.confirm_switch(writing):
             self.model_bar.show_serving()
             self.model_bar.progress.hide()
@@ -445,6 +493,16 @@ class MainWindow(QMainWindow):
         if conversation_id == self.current:
             self.composer.set_generating(False)
             self.chat.announce(finished_announcement(message))
+            if self.remote_choice() is not None:
+                self.remote_panel.record_reply(message.stats)
+
+    def _first_token(self, conversation_id: int, seconds: float) -> None:
+        """The local panel times local replies; the remote panel those of the server it shows."""
+        remote = choice_of(self.conversations.get(conversation_id))
+        if remote is None:
+            self.panel.record_ttft(seconds)
+        elif self.remote_panel.choice is not None and remote.server_id == self.remote_panel.choice.server_id:
+            self.remote_panel.record_ttft(seconds)
 
     def _loaded(self, stats: EngineStats) -> None:
         self.tokens.forget()  # another model reads another number of tokens
@@ -493,7 +551,9 @@ class MainWindow(QMainWindow):
     def _recount_context(self) -> None:
         """Count the chat's tokens again (a worker thread, cached): when the chat, its persona or the model
         changed; never on a timer."""
-        if self.current is not None and self.bridge.ready:
+        if self.current is not None and self.remote_choice() is not None:
+            self.composer.context.setText("context: counted by the server")
+        elif self.current is not None and self.bridge.ready:
             self.context_count = asyncio.ensure_future(self._count_context(self.current))
 
     async def _count_context(self, conversation_id: int) -> None:
@@ -531,6 +591,7 @@ class MainWindow(QMainWindow):
         for task in list(self.controller.tasks.values()):
             task.cancel()
         self.local_api.shutdown()
+        self.remote.shutdown()
         super().closeEvent(event)
 
 

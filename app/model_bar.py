@@ -2,7 +2,8 @@
 
 The pickers show what serves: after a failed switch they return to the model that still does, and a
 successful load is remembered (``model``, ``quantization`` and ``device`` in the settings) so the next start
-opens on it.
+opens on it. The remote servers' models follow the local ones; while the chat on screen runs on one of them
+(:meth:`ModelBar.show_remote`), the bar shows that model and its server instead.
 """
 
 from __future__ import annotations
@@ -13,21 +14,28 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPus
 from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
 
 from .bridge import ChatEngine
+from .remote_engines import RemoteEngines
+from .remote_servers import REMOTE_ROLE, add_remote_items, index_of
+from .remote_store import RemoteChoice
 from .settings import Settings
 
 
 class ModelBar(QWidget):
     """Model and quantisation pickers, load progress, the device in words and the panel switch.
 
-    Emits ``switch_requested(EngineConfig)`` when the user picks another model or quantisation; follows the
-    engine's load events by itself."""
+    Emits ``switch_requested(EngineConfig)`` when the user picks another model or quantisation and
+    ``remote_requested(RemoteChoice)`` when they pick a remote server's model; follows the engine's load events
+    by itself."""
 
     switch_requested = Signal(object)  # EngineConfig
+    remote_requested = Signal(object)  # RemoteChoice
 
-    def __init__(self, library: ModelLibrary, bridge: ChatEngine, settings: Settings, parent=None) -> None:
+    def __init__(self, library: ModelLibrary, bridge: ChatEngine, settings: Settings, parent=None,
+                 remote: RemoteEngines | None = None) -> None:
         super().__init__(parent)
-        self.library, self.bridge, self.settings = library, bridge, settings
+        self.library, self.bridge, self.settings, self.remote = library, bridge, settings, remote
         self.serving: tuple[str, str] | None = None  # (model spec, quantisation) of the model that serves
+        self.remote_shown: RemoteChoice | None = None  # the remote model the chat on screen runs on
         self.model_box = QComboBox()
         self.model_box.setToolTip("Model (Ctrl+K)")
         self.model_box.setAccessibleName("Model")
@@ -59,14 +67,20 @@ class ModelBar(QWidget):
         bridge.load_failed.connect(self._load_failed)
         bridge.engine_failed.connect(self._engine_failed)
         bridge.stats_updated.connect(self._stats)
+        if remote is not None:
+            remote.servers_changed.connect(self.refill)
+            remote.models_changed.connect(lambda _: self.refill())
 
     def refill(self) -> None:
-        """The library's models, keeping the one shown."""
+        """The library's models and the remote servers' ones, keeping the one shown."""
         current = self.model_box.currentData()
         self.model_box.clear()
         for entry in self.library.entries():
             self.model_box.addItem(entry.name, entry.spec)
-        self.model_box.setCurrentIndex(max(0, self.model_box.findData(current)))
+        if self.remote is not None:
+            add_remote_items(self.model_box, self.remote, self.remote_shown)
+        shown = index_of(self.model_box, self.remote_shown) if self.remote_shown else -1
+        self.model_box.setCurrentIndex(shown if shown >= 0 else max(0, self.model_box.findData(current)))
 
     def choose(self, spec: str, quantization: str) -> None:
         """Show ``spec`` in ``quantization`` (the model manager's choice) and ask for it."""
@@ -75,9 +89,27 @@ class ModelBar(QWidget):
         self._picked()
 
     def show_serving(self) -> None:
-        """Put the pickers back on the model that serves (a switch refused or cancelled)."""
-        if self.serving is not None:
+        """Put the pickers back on the model that serves (a switch refused or cancelled), or on the remote
+        model of the chat on screen."""
+        if self.remote_shown is not None:
+            self.model_box.setCurrentIndex(index_of(self.model_box, self.remote_shown))
+        elif self.serving is not None:
             self._show(*self.serving)
+        else:  # nothing has loaded yet: the model being loaded, as at the start
+            self._show(self.settings["model"], self.settings["quantization"])
+
+    def show_remote(self, choice: RemoteChoice | None) -> None:
+        """The chat on screen runs on ``choice`` (None: on the local engine): show that in the bar."""
+        self.remote_shown = choice
+        self.quant_box.setEnabled(choice is None)
+        if choice is not None:
+            if index_of(self.model_box, choice) < 0:
+                self.refill()
+            server = self.remote.server(choice.server_id) if self.remote else None
+            self.device_label.setText(f"remote · {server.base_url}" if server else "remote · server removed")
+        elif self.bridge.stats() is not None:
+            self._stats(self.bridge.stats())
+        self.show_serving()
 
     def _show(self, spec: str, quantization: str) -> None:
         index = self.model_box.findData(spec)
@@ -86,6 +118,10 @@ class ModelBar(QWidget):
         self.quant_box.setCurrentText(quantization)
 
     def _picked(self) -> None:
+        choice = self.model_box.currentData(REMOTE_ROLE)
+        if choice is not None:
+            self.remote_requested.emit(choice)
+            return
         config = EngineConfig(model=self.model_box.currentData(), quantization=self.quant_box.currentText(),
                               device=self.settings["device"])
         self.progress.show()
@@ -101,7 +137,7 @@ class ModelBar(QWidget):
         config = self.bridge.config
         if config is not None:
             self.serving = (config.model, config.quantization)
-            self._show(*self.serving)
+            self.show_serving()
             for key, value in (("model", config.model), ("quantization", config.quantization),
                                ("device", config.device)):
                 self.settings[key] = value
@@ -112,12 +148,15 @@ class ModelBar(QWidget):
         self.progress.hide()
         if self.bridge.serving:
             self.show_serving()  # the previous model keeps serving, and the pickers say so
-        else:
+        elif self.remote_shown is None:
             self.device_label.setText("no model loaded")
 
     def _engine_failed(self, reason: str) -> None:
         self.progress.hide()
-        self.device_label.setText("engine stopped")
+        if self.remote_shown is None:
+            self.device_label.setText("engine stopped")
 
     def _stats(self, stats: EngineStats) -> None:
+        if self.remote_shown is not None:
+            return  # the label says where the chat on screen runs
         self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")

@@ -52,6 +52,7 @@ COMMANDS = (
     Command("text_reset", "Text size 100 %", "&View", ("Ctrl+0",)),
     Command("choose_model", "Choose the model", "&Models", ("Ctrl+K",)),
     Command("model_manager", "Model manager…", "&Models", ("Ctrl+M",)),
+    Command("remote_servers", "Remote servers…", "&Models"),
     Command("shortcuts", "Keyboard shortcuts", "&Help", ("Ctrl+/", "F1")),
 )
 # Keys that work in one place rather than through a menu, listed in the dialog too.

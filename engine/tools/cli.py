@@ -13,8 +13,9 @@ from ..sampling_params import SamplingParams
 
 
 def engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default",
-                        help="'default', a library name, a .gguf file, a model folder or a Hub repo id")
+    parser.add_argument("--model", default=None,
+                        help="'default', a library name, a .gguf file, a model folder or a Hub repo id; "
+                             "with --remote, one of the server's models (optional when it serves one)")
     parser.add_argument("--quant", "--quantization", dest="quant", default="auto", choices=QUANTIZATIONS,
                         help=AUTO_QUANTIZATION_RULE)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -41,16 +42,26 @@ def serve_args(parser: argparse.ArgumentParser) -> None:
                              f"(default: the {API_KEY_ENV} environment variable)")
 
 
+def remote_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remote", metavar="URL", default=None,
+                        help="an OpenAI-compatible server (vLLM, SGLang, llama-server, Ollama, Kvasir) instead of "
+                             "the local engine, e.g. http://localhost:8000")
+    parser.add_argument("--api-key", default=None,
+                        help="the server's API key (default: the KVASIR_API_KEY environment variable)")
+
+
 def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Kvasir's inference engine")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="stream one reply to stdout")
     engine_args(generate)
+    remote_args(generate)
     sampling_args(generate)
     generate.add_argument("--json", action="store_true", help="end with a JSON line of metrics")
     generate.add_argument("prompt")
     chat = commands.add_parser("chat", help="a terminal chat that keeps the conversation")
     engine_args(chat)
+    remote_args(chat)
     sampling_args(chat)
     serve = commands.add_parser("serve", help="an OpenAI-compatible endpoint over the engine, no window")
     engine_args(serve)
@@ -113,7 +124,7 @@ def model_spec(name_or_spec: str) -> str:
 
 def config_from(args) -> EngineConfig:
     return EngineConfig(
-        model=model_spec(args.model),
+        model=model_spec(args.model or "default"),
         quantization=args.quant,
         dtype=args.dtype,
         device=args.device,
@@ -150,14 +161,32 @@ def metrics_line(out) -> dict:
     }
 
 
+def summary_line(m) -> str:
+    """'[TTFT 120 ms | 48 tokens | 21.3 tok/s | 32/40 prompt tokens from cache]' (unknown counts left out)."""
+    rate = f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "-"
+    ttft = f"TTFT {m.ttft_s * 1000:.0f} ms" if m.ttft_s is not None else "TTFT -"
+    parts = [ttft, f"{m.output_tokens} tokens", rate]
+    if m.prompt_tokens is not None:
+        cached = "?" if m.cached_prompt_tokens is None else m.cached_prompt_tokens
+        parts.append(f"{cached}/{m.prompt_tokens} prompt tokens from cache")
+    return "[" + " | ".join(parts) + "]"
+
+
 def cmd_generate(args) -> int:
     from ..serving.engine import Engine
+
+    if args.remote:
+        from .remote_cli import remote_generate
+
+        return remote_generate(args)
 
     engine = Engine(config_from(args))
     messages = messages_with_system(args, [{"role": "user", "content": args.prompt}])
     out = stream_reply(engine, messages, params_from(args))
     if args.json:
         print(json.dumps(metrics_line(out)))
+    else:
+        print(summary_line(out.metrics), file=sys.stderr)
     if out.error:
         print(f"error: {out.error}", file=sys.stderr)
     return 0 if out.finish_reason != "error" else 1
@@ -165,6 +194,11 @@ def cmd_generate(args) -> int:
 
 def cmd_chat(args) -> int:
     from ..serving.engine import Engine
+
+    if args.remote:
+        from .remote_cli import remote_chat
+
+        return remote_chat(args)
 
     print("loading the model...", file=sys.stderr)
     engine = Engine(config_from(args))
@@ -187,10 +221,7 @@ def cmd_chat(args) -> int:
             history.pop()
             continue
         history.append({"role": "assistant", "content": out.text})
-        m = out.metrics
-        rate = f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "-"
-        print(f"[TTFT {m.ttft_s * 1000:.0f} ms | {m.output_tokens} tokens | {rate} | "
-              f"{m.cached_prompt_tokens}/{m.prompt_tokens} prompt tokens from cache]")
+        print(summary_line(out.metrics))
 
 
 def cmd_serve(args) -> int:

@@ -239,14 +239,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(model: Path, context: int = 8192, threads: int = 2, timeout: float = 120.0) -> Iterator[LlamaServer]:
-    """A llama-server on a free local port with its default slots and prompt cache; stopped on exit."""
+def server(model: Path, context: int = 8192, threads: int = 2, timeout: float = 120.0,
+           extra_args: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
+    """A llama-server on a free local port with its default slots and prompt cache; stopped on exit.
+    ``extra_args``: more flags, such as ``--metrics``, ``--api-key K`` or ``-a NAME``."""
     path = find_tool("llama-server")
     if path is None:
         raise FileNotFoundError(NOT_BUILT.format(tool="llama-server"))
     port = _free_port()
     args = [str(path), "-m", str(model), "-c", str(context), "-t", str(threads), "--host", "127.0.0.1",
-            "--port", str(port)]
+            "--port", str(port), *extra_args]
     child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         peer = LlamaServer(f"http://127.0.0.1:{port}", child.pid)
