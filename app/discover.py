@@ -282,7 +282,7 @@ class DiscoverPage(QWidget):
         query, fmt = self.query.text().strip(), self.format.currentData()
         self._say(f"Searching the Hub for “{query}”…" if query else "Listing the most downloaded chat models…")
         ticket = self._run("search", lambda: search_hub(query, fmt))
-        QTimer.singleShot(int(PATIENCE_S * 1000), lambda: self._still_waiting("search", ticket))
+        QTimer.singleShot(int(PATIENCE_S * 1000), self, lambda: self._still_waiting("search", ticket))
 
     def selected_option(self) -> HubOption | None:
         rows = self.files.selectionModel().selectedRows()
@@ -347,7 +347,7 @@ class DiscoverPage(QWidget):
         self._tickets["fit"] += 1  # the fit of the previous repository is no longer wanted
         self._say(f"Listing the files of {repo_id}…")
         ticket = self._run("repo", lambda: hub_repo_options(repo_id))
-        QTimer.singleShot(int(PATIENCE_S * 1000), lambda: self._still_waiting("repo", ticket))
+        QTimer.singleShot(int(PATIENCE_S * 1000), self, lambda: self._still_waiting("repo", ticket))
         self._update_buttons()
 
     def _repo_answered(self, result) -> None:

@@ -113,20 +113,20 @@ class MainWindow(QMainWindow):
         center_layout.addWidget(self.chat, 1)
         center_layout.addWidget(self.composer)
         self.panel = EnginePanel()
+        self.remote_panel = RemotePanel(self.remote)
+        self.panels = QStackedWidget()  # the local engine's panel, or the remote server's for a remote chat
+        self.panels.addWidget(self.panel)
+        self.panels.addWidget(self.remote_panel)
         self.panel_area = QScrollArea()  # the panel is taller than a laptop's screen: it scrolls, the window fits
-        self.panel_area.setWidget(self.panel)
+        self.panel_area.setWidget(self.panels)
         self.panel_area.setWidgetResizable(True)
         self.panel_area.setFrameShape(QFrame.NoFrame)
         self.panel_area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.panel_area.setMinimumWidth(self.panel.minimumSize().expandedTo(self.panel.minimumSizeHint()).width()
+        self.panel_area.setMinimumWidth(self.panels.minimumSize().expandedTo(self.panels.minimumSizeHint()).width()
                                         + self.panel_area.verticalScrollBar().sizeHint().width())
         self.panel_area.setFocusPolicy(Qt.NoFocus)
         self.splitter = QSplitter(Qt.Horizontal)
-        self.remote_panel = RemotePanel(self.remote)
-        self.panels = QStackedWidget()  # the local engine's panel, or the remote server's for a remote chat
-        self.panels.addWidget(self.panel_area)
-        self.panels.addWidget(self.remote_panel)
-        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panels, 0)):
+        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.panel_area, 0)):
             self.splitter.addWidget(widget)
             self.splitter.setStretchFactor(self.splitter.indexOf(widget), stretch)
         self.splitter.setSizes([230, 650, 300])
@@ -222,7 +222,7 @@ class MainWindow(QMainWindow):
         self.bridge.engine_failed.connect(self._engine_failed)
         self.banner.restart_requested.connect(self.restart_engine)
         self.banner.choose_model_requested.connect(self.open_model_manager)
-        self.model_bar.panel_button.toggled.connect(self.panels.setVisible)
+        self.model_bar.panel_button.toggled.connect(self.panel_area.setVisible)
         self.personas.changed.connect(self._update_header)
         self.model_bar.switch_requested.connect(self.switch_model)
         self.local_api.changed.connect(self._api_changed)
@@ -324,7 +324,7 @@ class MainWindow(QMainWindow):
         choice = self.remote_choice()
         self.model_bar.show_remote(choice)
         self.remote_panel.show_choice(choice)
-        self.panels.setCurrentWidget(self.remote_panel if choice else self.panel_area)
+        self.panels.setCurrentWidget(self.remote_panel if choice else self.panel)
         self.remote.watch(choice.server_id if choice else None)
 
     def open_remote_servers(self) -> RemoteServersDialog:

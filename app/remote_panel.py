@@ -11,9 +11,9 @@ from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidg
 
 from engine.remote import ServerMetrics
 
-from .engine_panel import Sparkline
 from .remote_engines import RemoteEngines
 from .remote_store import RemoteChoice
+from .sparkline import Sparkline
 
 NOT_REPORTED = "not reported by this server"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -39,6 +40,10 @@ def qloop(qapp):
     yield loop
     loop.close()
     asyncio.set_event_loop(None)
+    # Collect the closed loop here, on the GUI thread: timers that httpx's timeouts left on it can only be
+    # unregistered from this thread; collected later on another one (a test server's), Qt would fire them into
+    # freed memory.
+    gc.collect()
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 there at all; the local engine is the scripted bridge, which must not be asked for remote replies."""
 
 import asyncio
-import gc
 import json
 
 import pytest
@@ -23,15 +22,6 @@ vllm:prefix_cache_hits_total{engine="0",model_name="stub-model"} 520.0
 vllm:num_requests_running{engine="0",model_name="stub-model"} 2.0
 vllm:num_requests_waiting{engine="0",model_name="stub-model"} 0.0
 """
-
-
-@pytest.fixture(autouse=True)
-def collect_the_closed_loop():
-    """Torn down after the test's qasync loop is closed: collect it on this thread. httpx's timeouts leave
-    timers registered on the loop's timer object until they would fire; collected later on another thread
-    (a server thread), that object can't unregister them and Qt fires them into freed memory."""
-    yield
-    gc.collect()
 
 
 @pytest.fixture(autouse=True)
@@ -188,7 +178,7 @@ def test_switching_chats_switches_the_engine_the_bar_and_the_panel(window, qloop
     window.use_remote(choice)
     local_chat = window.conversations.create("local one").id
     window.actions.open(local_chat)
-    assert window.panels.currentWidget() is window.panel_area and window.model_bar.quant_box.isEnabled()
+    assert window.panels.currentWidget() is window.panel and window.model_bar.quant_box.isEnabled()
     assert window.remote.watched is None and window.model_bar.model_box.currentData(REMOTE_ROLE) is None
     qloop.run_until_complete(window.send("local question"))
     assert len(window.bridge.requests) == 1 and stub.requests == []
@@ -213,7 +203,7 @@ def test_picking_a_local_model_returns_the_chat_to_the_local_engine_without_a_re
     on_remote(window, remote)
     assert window.switch_model(EngineConfig(model="default", quantization="auto")) is None
     assert choice_of(window.conversations.get(window.current)) is None
-    assert window.panels.currentWidget() is window.panel_area and window.model_bar.quant_box.isEnabled()
+    assert window.panels.currentWidget() is window.panel and window.model_bar.quant_box.isEnabled()
 
 
 def test_the_panel_shows_the_servers_kv_usage_and_hit_rate(qtbot, window, qloop, stub, remote):

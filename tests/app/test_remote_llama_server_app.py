@@ -2,7 +2,6 @@
 server's model streams its reply, keeps its stats, regenerates, and the panel shows the server's metrics."""
 
 import asyncio
-import gc
 
 import pytest
 
@@ -12,13 +11,6 @@ from app.remote_store import RemoteChoice, choice_of
 from tests.helpers.llama_server import API_KEY, MODEL_ALIAS, llama_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")]
-
-
-@pytest.fixture(autouse=True)
-def collect_the_closed_loop():
-    """See tests/app/test_remote_chats.py: the closed qasync loop is collected on this thread."""
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="module")

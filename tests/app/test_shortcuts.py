@@ -191,6 +191,20 @@ def check_model_manager(qtbot, window, loop, monkeypatch, keys):
     assert Recorded.opened == ["ModelDialog"]
 
 
+def check_remote_servers(qtbot, window, loop, monkeypatch, keys):
+    class RemoteServersDialog(Recorded):
+        pass
+
+    monkeypatch.setattr("app.main_window.RemoteServersDialog", RemoteServersDialog)
+    Recorded.opened = []
+    window.commands["remote_servers"].trigger()  # a menu command without keys of its own
+    assert Recorded.opened == ["RemoteServersDialog"]
+
+
+def test_the_remote_servers_command_opens_its_dialog(qtbot, window, qloop, monkeypatch):
+    check_remote_servers(qtbot, window, qloop, monkeypatch, ())
+
+
 def check_shortcuts(qtbot, window, loop, monkeypatch, keys):
     press(qtbot, window, keys)
     dialog = window.shortcuts_dialog
