@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from engine import EngineConfig, EngineStats, ModelLibrary
 
+from .about_dialog import AboutDialog
 from .bridge import ChatEngine
 from .chat_controller import ChatController
 from .chat_settings import ChatSettingsDialog, PreferencesDialog
@@ -124,6 +125,8 @@ class MainWindow(QMainWindow):
         chat_menu.addAction("Regenerate last reply", self.regenerate)
         chat_menu.addAction("Stop", self.stop)
         chat_menu.addAction("Chat settings…", self.edit_chat_settings)
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction("About Kvasir", self.show_about)
 
     def _connect(self) -> None:
         self.sidebar.selected.connect(self.actions.open)
@@ -317,6 +320,11 @@ class MainWindow(QMainWindow):
             f"{replies} still being written. Switching the model stops {'it' if writing == 1 else 'them'}; "
             "what has arrived is kept.")
         return answer == QMessageBox.Yes
+
+    def show_about(self) -> AboutDialog:
+        dialog = AboutDialog(self)
+        dialog.open()
+        return dialog
 
     def open_model_manager(self) -> ModelDialog:
         dialog = ModelDialog(self.library, self.model_bar.quant_box.currentText(), self)

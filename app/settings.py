@@ -62,17 +62,11 @@ class Preset:
     system_prompt: str
 
 
-def assets_dir() -> Path:
-    """The shipped assets: beside the package in a source tree, or bundled next to the frozen app."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "assets", here / "assets"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("the assets folder is missing from this installation")
-
-
 def load_presets() -> list[Preset]:
-    data = json.loads((assets_dir() / "presets.json").read_text(encoding="utf-8"))
+    """The system-prompt presets shipped in app/assets/presets.json."""
+    from .resources import asset
+
+    data = json.loads(asset("presets.json").read_text(encoding="utf-8"))
     return [Preset(p["name"], p["system_prompt"]) for p in data["presets"]]
 
 

@@ -13,6 +13,7 @@ from .errors import EngineDeadError, EngineError, LibraryError, ModelLoadError, 
 from .models.fit import FitEstimate
 from .models.fit import estimate as estimate_fit
 from .models.library import LibraryEntry, ModelLibrary, data_dir
+from .models.sources import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
 from .serving.engine import Engine
@@ -21,6 +22,8 @@ from .serving.outputs import RequestOutput
 
 __all__ = [
     "AUTO_QUANTIZATION_RULE",
+    "DEFAULT_MODEL_NAME",
+    "DEFAULT_MODEL_PACKAGE",
     "DTYPES",
     "QUANTIZATIONS",
     "AsyncEngine",

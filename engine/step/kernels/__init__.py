@@ -28,6 +28,8 @@ import torch
 SOURCES = [Path(__file__).with_name(name) for name in ("block_quant.cpp", "layer_ops.cpp", "decode_step.cpp")]
 HEADER = Path(__file__).with_name("kernels.h")
 LIBRARY_NAMESPACE = "kvasir_kernels"
+PREBUILT = Path(__file__).with_name("prebuilt")  # a packaged app's copies (packaging/build.py): users have no compiler
+SIMD_FLAVOURS = (["-mavx2", "-mfma", "-mf16c"], [])
 COMPILE_TIMEOUT_S = 600
 
 
@@ -81,20 +83,45 @@ def _simd_flags() -> list[str]:
     """AVX2 code where torch itself detected AVX2 or better on this CPU (x86-64 only)."""
     capability = torch.backends.cpu.get_cpu_capability()
     if platform.machine().lower() in ("x86_64", "amd64") and capability in ("AVX2", "AVX512"):
-        return ["-mavx2", "-mfma", "-mf16c"]
+        return list(SIMD_FLAVOURS[0])
     return []
 
 
 def _library_path(simd: list[str]) -> Path:
-    """One build per source text, torch version, compiler flags and Python ABI, in the user cache."""
+    """The packaged copy when there is one, else this machine's build in the user cache."""
     from platformdirs import user_cache_path
 
+    name = _library_name(simd)
+    if (PREBUILT / name).is_file():
+        return PREBUILT / name
+    return user_cache_path("Kvasir") / "kernels" / name
+
+
+def _library_name(simd: list[str]) -> str:
+    """One build per source text, torch version, compiler flags and Python ABI."""
     key = hashlib.sha256(
         b"\0".join([*(source.read_bytes() for source in [*SOURCES, HEADER]), torch.__version__.encode(),
                     " ".join(simd).encode(), sys.implementation.cache_tag.encode()])
     ).hexdigest()[:16]
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    return user_cache_path("Kvasir") / "kernels" / f"kvasir_kernels-{key}{suffix}"
+    return f"kvasir_kernels-{key}{suffix}"
+
+
+def build_prebuilt(folder: Path) -> list[Path]:
+    """Every SIMD flavour this platform can run, built into ``folder`` (what a packaged app ships)."""
+    flavours = SIMD_FLAVOURS if platform.machine().lower() in ("x86_64", "amd64") else ([],)
+    built = []
+    for simd in flavours:
+        target = folder / _library_name(list(simd))
+        if not target.exists():
+            cached = _library_path(list(simd))
+            if cached.is_file():
+                folder.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(cached, target)
+            else:
+                _build(target, list(simd))
+        built.append(target)
+    return built
 
 
 def _build(library: Path, simd: list[str]) -> None:
