@@ -57,7 +57,7 @@ class AboutDialog(QDialog):
         layout.addWidget(QLabel("Kvasir includes:"))
         layout.addWidget(self.table, 1)
         layout.addWidget(buttons)
-        self.resize(860, 600)
+        self.resize(860, 540)
 
     def _add_row(self, row: int, component: Component) -> None:
         name = QTableWidgetItem(f"{component.role} ({component.name})")

@@ -11,7 +11,7 @@ from engine import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 # (distribution, what it is in Kvasir). The model first; Qt's row names the Qt version PySide6 wraps.
 COMPONENTS = (
     (DEFAULT_MODEL_PACKAGE, f"{DEFAULT_MODEL_NAME}, the bundled model"),
-    ("PySide6_Essentials", "Qt for Python (PySide6), the window"),
+    ("PySide6_Essentials", "Qt and Qt for Python (PySide6), the window"),
     ("shiboken6", "Shiboken, PySide6's bindings"),
     ("torch", "PyTorch, tensors and kernels"),
     ("transformers", "Hugging Face Transformers, model architectures"),
