@@ -30,7 +30,8 @@ def test_qt_plugins_a_desktop_window_needs_stay_and_kiosk_ones_go():
     plugins = "PySide6/Qt/plugins/"
     for kept in ("platforms/libqxcb.so", "platforms/libqwayland.so", "platforms/libqoffscreen.so",
                  "xcbglintegrations/libqxcb-glx-integration.so", "imageformats/libqsvg.so",
-                 "platformthemes/libqxdgdesktopportal.so", "platforminputcontexts/libibusplatforminputcontextplugin.so"):
+                 "platformthemes/libqxdgdesktopportal.so",
+                 "platforminputcontexts/libibusplatforminputcontextplugin.so"):
         assert keep_file(plugins + kept, None), kept
     for dropped in ("platforms/libqeglfs.so", "platforms/libqvnc.so", "platforms/libqlinuxfb.so",
                     "platformthemes/libqgtk3.so", "platforminputcontexts/libqtvirtualkeyboardplugin.so",

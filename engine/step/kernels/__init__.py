@@ -30,6 +30,8 @@ HEADER = Path(__file__).with_name("kernels.h")
 LIBRARY_NAMESPACE = "kvasir_kernels"
 PREBUILT = Path(__file__).with_name("prebuilt")  # a packaged app's copies (packaging/build.py): users have no compiler
 SIMD_FLAVOURS = (["-mavx2", "-mfma", "-mf16c"], [])
+# torch's libraries seen from PREBUILT in a PyInstaller bundle (_internal/engine/step/kernels/prebuilt)
+BUNDLED_TORCH_LIB = "$ORIGIN/../../../../torch/lib"
 COMPILE_TIMEOUT_S = 600
 
 
@@ -114,17 +116,12 @@ def build_prebuilt(folder: Path) -> list[Path]:
     for simd in flavours:
         target = folder / _library_name(list(simd))
         if not target.exists():
-            cached = _library_path(list(simd))
-            if cached.is_file():
-                folder.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(cached, target)
-            else:
-                _build(target, list(simd))
+            _build(target, list(simd), rpath=BUNDLED_TORCH_LIB)
         built.append(target)
     return built
 
 
-def _build(library: Path, simd: list[str]) -> None:
+def _build(library: Path, simd: list[str], rpath: str | None = None) -> None:
     from torch.utils import cpp_extension
 
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
@@ -136,7 +133,7 @@ def _build(library: Path, simd: list[str]) -> None:
         compiler, *map(str, SOURCES), "-o", "{output}", "-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *simd,
         *[f"-I{path}" for path in cpp_extension.include_paths()],
-        f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
+        f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{rpath or torch_lib}",
     ]
     library.parent.mkdir(parents=True, exist_ok=True)
     staging = library.with_name(f"{library.name}.{os.getpid()}.tmp")
