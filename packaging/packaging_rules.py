@@ -36,6 +36,9 @@ _UNUSED_QT_PLUGINS = re.compile(
     r"(^|/)PySide6/Qt/plugins/(platformthemes/libqgtk3|platforminputcontexts/libqtvirtualkeyboardplugin"
     r"|imageformats/libqpdf|platforms/libq(eglfs|linuxfb|vnc|vkkhrdisplay|minimalegl)\."
     r"|egldeviceintegrations/|generic/|networkinformation/|tls/)")
+# Libraries taken from the system rather than the build machine: fontconfig must match the system's font
+# configuration (a bundled copy finds no config file on a system whose layout differs), freetype goes with it.
+_SYSTEM_LIBRARIES = re.compile(r"^(libfontconfig\.so\.1|libfreetype\.so\.6)$")
 _BNB_LIBRARY = re.compile(r"libbitsandbytes_(\w+?)\.(so|dll|dylib)$")
 
 
@@ -43,7 +46,7 @@ def keep_file(destination: str, cuda: str | None) -> bool:
     """Whether a file bound for ``destination`` in the bundle is kept; ``cuda`` is the bundled torch's CUDA
     version ("12.8"), or None for the CPU build."""
     path = PurePath(destination).as_posix()
-    if _TORCH_NOISE.search(path) or _UNUSED_QT_PLUGINS.search(path):
+    if _TORCH_NOISE.search(path) or _UNUSED_QT_PLUGINS.search(path) or _SYSTEM_LIBRARIES.match(path):
         return False
     if f"/{path}".find("/torch/") >= 0 and path.endswith((".h", ".hpp", ".cuh", ".pyi")):
         return False

@@ -37,3 +37,9 @@ def test_qt_plugins_a_desktop_window_needs_stay_and_kiosk_ones_go():
                     "platformthemes/libqgtk3.so", "platforminputcontexts/libqtvirtualkeyboardplugin.so",
                     "imageformats/libqpdf.so", "tls/libqopensslbackend.so", "generic/libqevdevmouseplugin.so"):
         assert not keep_file(plugins + dropped, None), dropped
+
+
+def test_fontconfig_comes_from_the_system():
+    assert not keep_file("libfontconfig.so.1", None)
+    assert not keep_file("libfreetype.so.6", None)
+    assert keep_file("PySide6/Qt/lib/libQt6Gui.so.6", None)
