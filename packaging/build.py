@@ -108,7 +108,9 @@ def artefacts(bundle: Path, version: str, variant: str):
 
 
 def size_mb(path: Path) -> float:
-    total = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    if path.is_file():
+        return path.stat().st_size / 1e6
+    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
     return total / 1e6
 
 
