@@ -38,10 +38,9 @@ def resolve_device(spec: str) -> tuple[torch.device, str]:
 def cpu_build_hint(gpu: str) -> str:
     """What the device label says when a CPU-only build runs on a machine with an NVIDIA GPU."""
     if getattr(sys, "frozen", False):
-        where = "Kvasir's CUDA build (the download named …-cuda) runs on it"
-    else:
-        where = "'make install' on this machine installs the CUDA torch"
-    return f"this is the CPU build, but this computer has an {gpu}: {where}"
+        return (f"no CUDA in this build, but this computer has an {gpu}: "
+                "Kvasir's CUDA build (the -cuda download) uses it")
+    return f"torch was built without CUDA, but this computer has an {gpu}: 'make install' installs the CUDA torch"
 
 
 @functools.cache

@@ -46,7 +46,8 @@ def test_a_cpu_build_on_a_gpu_machine_says_where_the_cuda_build_is(monkeypatch):
     monkeypatch.setattr(devices.sys, "frozen", True, raising=False)
     device, reason = resolve_device("auto")
     assert device.type == "cpu"
-    assert "CPU build" in reason and "NVIDIA H200" in reason and "CUDA build" in reason
+    assert "no CUDA in this build" in reason and "NVIDIA H200" in reason
+    assert "CUDA build (the -cuda download)" in reason
     monkeypatch.setattr(devices.sys, "frozen", False)
     assert "make install" in resolve_device("auto")[1]
 
