@@ -91,3 +91,13 @@ def prune_unreachable(binaries: list[tuple]) -> list[tuple]:
                 kept.add(dest)
                 pending.append(candidate)
     return [entry for entry in binaries if entry[0] in kept]
+
+
+def drop_dangling_symlinks(binaries: list[tuple], datas: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """The TOCs without the symlinks PyInstaller made to files the rules above removed."""
+    present = {PurePath(entry[0]).as_posix() for entry in (*binaries, *datas)}
+
+    def resolves(entry) -> bool:
+        return entry[2] != "SYMLINK" or (PurePath(entry[0]).parent / entry[1]).as_posix() in present
+
+    return [e for e in binaries if resolves(e)], [e for e in datas if resolves(e)]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packaging"))
 
-from packaging_rules import keep_file  # noqa: E402
+from packaging_rules import drop_dangling_symlinks, keep_file  # noqa: E402
 
 
 def test_torch_tests_headers_and_test_binaries_are_left_out():
@@ -43,3 +43,12 @@ def test_fontconfig_comes_from_the_system():
     assert not keep_file("libfontconfig.so.1", None)
     assert not keep_file("libfreetype.so.6", None)
     assert keep_file("PySide6/Qt/lib/libQt6Gui.so.6", None)
+
+
+def test_symlinks_to_removed_files_go_too():
+    binaries = [("PySide6/Qt/lib/libQt6Gui.so.6", "/venv/libQt6Gui.so.6", "BINARY"),
+                ("libQt6Gui.so.6", "PySide6/Qt/lib/libQt6Gui.so.6", "SYMLINK"),
+                ("libQt6Qml.so.6", "PySide6/Qt/lib/libQt6Qml.so.6", "SYMLINK"),
+                ("libcudart.so", "libcudart.so.13", "SYMLINK")]
+    kept, datas = drop_dangling_symlinks(binaries, [])
+    assert [entry[0] for entry in kept] == ["PySide6/Qt/lib/libQt6Gui.so.6", "libQt6Gui.so.6"]
