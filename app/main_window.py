@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from engine import EngineConfig, EngineStats, ModelLibrary
 
+from .about_dialog import AboutDialog
 from .bridge import ChatEngine
 from .chat_controller import ChatController
 from .chat_settings import ChatSettingsDialog, PreferencesDialog
@@ -177,7 +178,7 @@ class MainWindow(QMainWindow):
             "text_reset": lambda: self.set_text_scale(DEFAULTS["text_scale"]),
             "choose_model": self.choose_model, "model_manager": self.open_model_manager,
             "remote_servers": self.open_remote_servers,
-            "shortcuts": self.show_shortcuts,
+            "shortcuts": self.show_shortcuts, "about": self.show_about,
         }
         menus = {title: self.menuBar().addMenu(title) for title in MENUS}
         self.commands: dict[str, QAction] = {}
@@ -458,6 +459,11 @@ class MainWindow(QMainWindow):
             f"{replies} still being written. Switching the model stops {'it' if writing == 1 else 'them'}; "
             "what has arrived is kept.")
         return answer == QMessageBox.Yes
+
+    def show_about(self) -> AboutDialog:
+        dialog = AboutDialog(self)
+        dialog.open()
+        return dialog
 
     def open_model_manager(self) -> ModelDialog:
         dialog = ModelDialog(self.library, self.model_bar.quant_box.currentText(), self)

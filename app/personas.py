@@ -1,4 +1,4 @@
-"""Personas: the built-in system prompts (read-only, from ``assets/presets.json``) and the user's own, saved
+"""Personas: the built-in system prompts (read-only, from ``app/assets/presets.json``) and the user's own, saved
 by name in the chat database. Chats remember a persona by name and keep their own copy of its prompt, so
 renaming one renames it in its chats and deleting one leaves them their prompt."""
 

@@ -75,7 +75,7 @@ def next_text_scale(current: int, step: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Preset:
-    """A persona: a name and its system prompt. Built-in ones ship in ``assets/presets.json`` and can't be
+    """A persona: a name and its system prompt. Built-in ones ship in ``app/assets/presets.json`` and can't be
     changed; the user's own are stored in the chat database."""
 
     name: str
@@ -83,17 +83,11 @@ class Preset:
     builtin: bool = True
 
 
-def assets_dir() -> Path:
-    """The shipped assets: beside the package in a source tree, or bundled next to the frozen app."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "assets", here / "assets"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("the assets folder is missing from this installation")
-
-
 def load_presets() -> list[Preset]:
-    data = json.loads((assets_dir() / "presets.json").read_text(encoding="utf-8"))
+    """The system-prompt presets shipped in app/assets/presets.json."""
+    from .resources import asset
+
+    data = json.loads(asset("presets.json").read_text(encoding="utf-8"))
     return [Preset(p["name"], p["system_prompt"]) for p in data["presets"]]
 
 

@@ -54,6 +54,7 @@ COMMANDS = (
     Command("model_manager", "Model manager…", "&Models", ("Ctrl+M",)),
     Command("remote_servers", "Remote servers…", "&Models"),
     Command("shortcuts", "Keyboard shortcuts", "&Help", ("Ctrl+/", "F1")),
+    Command("about", "About Kvasir", "&Help"),
 )
 # Keys that work in one place rather than through a menu, listed in the dialog too.
 IN_PLACE = (

@@ -31,6 +31,7 @@ from .models.hub_search import HubModel, HubOption, HubRepo
 from .models.hub_search import repo_options as hub_repo_options
 from .models.hub_search import search_models as search_hub
 from .models.library import LibraryEntry, ModelLibrary, data_dir
+from .models.sources import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 from .sampling_params import SamplingParams
 from .serving.async_engine import AsyncEngine
 from .serving.engine import Engine
@@ -40,6 +41,8 @@ from .serving.outputs import RequestOutput
 __all__ = [
     "API_SOURCE",
     "AUTO_QUANTIZATION_RULE",
+    "DEFAULT_MODEL_NAME",
+    "DEFAULT_MODEL_PACKAGE",
     "DTYPES",
     "QUANTIZATIONS",
     "ApiConfig",

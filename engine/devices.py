@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from .errors import ModelLoadError
+
+NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU while NVIDIA's Linux driver is loaded
 
 
 def resolve_device(spec: str) -> tuple[torch.device, str]:
@@ -12,7 +20,8 @@ def resolve_device(spec: str) -> tuple[torch.device, str]:
     if spec == "cpu":
         return torch.device("cpu"), "the CPU was chosen in the settings"
     if torch.version.cuda is None:
-        reason = "torch was built without CUDA"
+        gpu = nvidia_gpu()
+        reason = "torch was built without CUDA" if gpu is None else cpu_build_hint(gpu)
     elif not torch.cuda.is_available():
         reason = "no CUDA GPU found"
     else:
@@ -24,6 +33,37 @@ def resolve_device(spec: str) -> tuple[torch.device, str]:
     if spec != "auto":
         raise ModelLoadError(f"device {spec!r} was asked for, but {reason}")
     return torch.device("cpu"), reason
+
+
+def cpu_build_hint(gpu: str) -> str:
+    """What the device label says when a CPU-only build runs on a machine with an NVIDIA GPU."""
+    if getattr(sys, "frozen", False):
+        return (f"no CUDA in this build, but this computer has an {gpu}: "
+                "Kvasir's CUDA build (the -cuda download) uses it")
+    return f"torch was built without CUDA, but this computer has an {gpu}: 'make install' installs the CUDA torch"
+
+
+@functools.cache
+def nvidia_gpu() -> str | None:
+    """The first NVIDIA GPU's name when the machine has one (even if this torch can't use it), else None.
+
+    Read from the driver's /proc files on Linux, else from ``nvidia-smi -L``; once per process."""
+    if sys.platform.startswith("linux"):
+        for information in sorted(NVIDIA_DRIVER_GPUS.glob("*/information")):
+            try:
+                for line in information.read_text().splitlines():
+                    if line.startswith("Model:"):
+                        return line.split(":", 1)[1].strip()
+            except OSError:
+                continue
+    if sys.platform == "darwin" or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = listing.stdout.strip().splitlines()[:1] if listing.returncode == 0 else []
+    return first[0].split(":", 1)[1].split("(UUID")[0].strip() if first and ":" in first[0] else None
 
 
 def cuda_kernel_problem(device: torch.device) -> str | None:
@@ -147,17 +187,11 @@ def packed_mode_for(gguf_type: str) -> str:
 
 
 def available_memory(device: torch.device) -> int:
-    """Free bytes on ``device`` (system memory for the CPU)."""
+    """Free bytes on ``device`` (for the CPU: the system memory available without swapping, as psutil reports
+    it; on Linux that is /proc/meminfo's MemAvailable)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
+    import psutil
 
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return int(psutil.virtual_memory().available)

@@ -472,6 +472,7 @@ def measure_llama(model: Path | None, chats, new_tokens: int, shared: list, thre
 
 def machine_info() -> dict:
     """The machine line of a report: CPU, cores, memory, OS and library versions."""
+    import psutil
     import transformers
 
     cpu = platform.processor() or platform.machine()
@@ -480,7 +481,7 @@ def machine_info() -> dict:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    ram = psutil.virtual_memory().total
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": ram, "os": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "torch_threads": torch.get_num_threads(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available()

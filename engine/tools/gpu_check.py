@@ -274,9 +274,11 @@ def _copy_bandwidth(device: str) -> float:
 
 def write_carry(folder: Path) -> None:
     """The default model's tokenizer; bitsandbytes' Python files with its CPU and CUDA 13 libraries only; and
-    platformdirs (pure Python; the engine's cache folders), which torch and transformers do not bring."""
+    platformdirs (pure Python; the engine's cache folders) and psutil (memory; its library is abi3, so any
+    Python 3 loads it), which torch and transformers do not bring."""
     import bitsandbytes
     import platformdirs
+    import psutil
     from transformers import AutoTokenizer
 
     from ..models.sources import default_model_path
@@ -288,9 +290,11 @@ def write_carry(folder: Path) -> None:
     shutil.rmtree(target, ignore_errors=True)
     # the lent machine's torch is a CUDA 13 build: bitsandbytes loads libbitsandbytes_cuda13x there
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*rocm*", "*xpu*", "*cuda1[0-2]*"))
-    shutil.rmtree(folder / "site" / "platformdirs", ignore_errors=True)
-    shutil.copytree(Path(platformdirs.__file__).parent, folder / "site" / "platformdirs",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in (platformdirs, psutil):
+        name = package.__name__
+        shutil.rmtree(folder / "site" / name, ignore_errors=True)
+        shutil.copytree(Path(package.__file__).parent, folder / "site" / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "tests"))
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     print(f"{folder}: {size / 2**20:.1f} MiB")
 

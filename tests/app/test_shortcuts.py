@@ -205,6 +205,20 @@ def test_the_remote_servers_command_opens_its_dialog(qtbot, window, qloop, monke
     check_remote_servers(qtbot, window, qloop, monkeypatch, ())
 
 
+def check_about(qtbot, window, loop, monkeypatch, keys):
+    class AboutDialog(Recorded):
+        pass
+
+    monkeypatch.setattr("app.main_window.AboutDialog", AboutDialog)
+    Recorded.opened = []
+    window.commands["about"].trigger()
+    assert Recorded.opened == ["AboutDialog"]
+
+
+def test_the_about_command_opens_its_dialog(qtbot, window, qloop, monkeypatch):
+    check_about(qtbot, window, qloop, monkeypatch, ())
+
+
 def check_shortcuts(qtbot, window, loop, monkeypatch, keys):
     press(qtbot, window, keys)
     dialog = window.shortcuts_dialog

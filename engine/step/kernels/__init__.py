@@ -28,6 +28,10 @@ import torch
 SOURCES = [Path(__file__).with_name(name) for name in ("block_quant.cpp", "layer_ops.cpp", "decode_step.cpp")]
 HEADER = Path(__file__).with_name("kernels.h")
 LIBRARY_NAMESPACE = "kvasir_kernels"
+PREBUILT = Path(__file__).with_name("prebuilt")  # a packaged app's copies (packaging/build.py): users have no compiler
+SIMD_FLAVOURS = (["-mavx2", "-mfma", "-mf16c"], [])
+# torch's libraries seen from PREBUILT in a PyInstaller bundle (_internal/engine/step/kernels/prebuilt)
+BUNDLED_TORCH_LIB = "$ORIGIN/../../../../torch/lib"
 COMPILE_TIMEOUT_S = 600
 
 
@@ -81,23 +85,43 @@ def _simd_flags() -> list[str]:
     """AVX2 code where torch itself detected AVX2 or better on this CPU (x86-64 only)."""
     capability = torch.backends.cpu.get_cpu_capability()
     if platform.machine().lower() in ("x86_64", "amd64") and capability in ("AVX2", "AVX512"):
-        return ["-mavx2", "-mfma", "-mf16c"]
+        return list(SIMD_FLAVOURS[0])
     return []
 
 
 def _library_path(simd: list[str]) -> Path:
-    """One build per source text, torch version, compiler flags and Python ABI, in the user cache."""
+    """The packaged copy when there is one, else this machine's build in the user cache."""
     from platformdirs import user_cache_path
 
+    name = _library_name(simd)
+    if (PREBUILT / name).is_file():
+        return PREBUILT / name
+    return user_cache_path("Kvasir") / "kernels" / name
+
+
+def _library_name(simd: list[str]) -> str:
+    """One build per source text, torch version, compiler flags and Python ABI."""
     key = hashlib.sha256(
         b"\0".join([*(source.read_bytes() for source in [*SOURCES, HEADER]), torch.__version__.encode(),
                     " ".join(simd).encode(), sys.implementation.cache_tag.encode()])
     ).hexdigest()[:16]
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    return user_cache_path("Kvasir") / "kernels" / f"kvasir_kernels-{key}{suffix}"
+    return f"kvasir_kernels-{key}{suffix}"
 
 
-def _build(library: Path, simd: list[str]) -> None:
+def build_prebuilt(folder: Path) -> list[Path]:
+    """Every SIMD flavour this platform can run, built into ``folder`` (what a packaged app ships)."""
+    flavours = SIMD_FLAVOURS if platform.machine().lower() in ("x86_64", "amd64") else ([],)
+    built = []
+    for simd in flavours:
+        target = folder / _library_name(list(simd))
+        if not target.exists():
+            _build(target, list(simd), rpath=BUNDLED_TORCH_LIB)
+        built.append(target)
+    return built
+
+
+def _build(library: Path, simd: list[str], rpath: str | None = None) -> None:
     from torch.utils import cpp_extension
 
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
@@ -109,7 +133,7 @@ def _build(library: Path, simd: list[str]) -> None:
         compiler, *map(str, SOURCES), "-o", "{output}", "-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *simd,
         *[f"-I{path}" for path in cpp_extension.include_paths()],
-        f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
+        f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{rpath or torch_lib}",
     ]
     library.parent.mkdir(parents=True, exist_ok=True)
     staging = library.with_name(f"{library.name}.{os.getpid()}.tmp")
