@@ -9,7 +9,8 @@ The names are the servers' documented ones:
   ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs``;
 - llama.cpp's llama-server (``--metrics``): ``llamacpp:kv_cache_usage_ratio`` (older builds only; current ones
   report no KV usage), ``llamacpp:prompt_tokens_total`` (prompt tokens computed, cached ones excluded) and
-  ``llamacpp:prompt_tokens_cached_total``, ``llamacpp:requests_processing`` / ``_deferred``.
+  ``llamacpp:prompt_tokens_cached_total``, ``llamacpp:requests_processing`` / ``_deferred``;
+- Kvasir's own endpoint (``engine/api/metrics.py``): vLLM's names with the prefix ``kvasir:``.
 
 Counters are totals since the server started; :class:`HitRateWindow` turns two readings into the hit rate of
 the prompts in between, like the local engine's recent window.
@@ -29,11 +30,17 @@ WINDOW_S = 60.0  # the hit rate covers the prompts of about the last minute
 
 KV_USAGE = {"vLLM": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
             "SGLang": ("sglang:token_usage",),
-            "llama.cpp": ("llamacpp:kv_cache_usage_ratio",)}
-RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
-WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
-VLLM_HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
-VLLM_QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
+            "llama.cpp": ("llamacpp:kv_cache_usage_ratio",),
+            "Kvasir": ("kvasir:kv_cache_usage_perc",)}
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
+           "kvasir:num_requests_running")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred",
+           "kvasir:num_requests_waiting")
+PREFIX_COUNTERS = {  # kind: (cached-token counters, queried-token counters), first name found wins
+    "vLLM": (("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+             ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")),
+    "Kvasir": (("kvasir:prefix_cache_hits",), ("kvasir:prefix_cache_queries",)),
+}
 
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -69,7 +76,7 @@ class ServerMetrics:
     (``hit_rate_recent``), else since the server started. ``cache_counters`` carry the raw totals for that
     window: (cached tokens, prompt tokens)."""
 
-    server_kind: str | None  # "vLLM" | "SGLang" | "llama.cpp" | None (nothing recognised)
+    server_kind: str | None  # "vLLM" | "SGLang" | "llama.cpp" | "Kvasir" | None (nothing recognised)
     kv_usage: float | None = None
     prefix_hit_rate: float | None = None
     num_running: int | None = None
@@ -89,11 +96,12 @@ class ServerMetrics:
 
 
 def read_server_metrics(text: str) -> ServerMetrics:
-    """KV usage, prefix hit rate and request counts from ``/metrics`` text of vLLM, SGLang or llama-server."""
+    """KV usage, prefix hit rate and request counts from ``/metrics`` text of vLLM, SGLang, llama-server or
+    Kvasir."""
     samples = parse_prometheus(text)
     kind = _kind(samples)
     if kind is None:
-        return ServerMetrics.not_reported("no vLLM, SGLang or llama.cpp metrics in /metrics")
+        return ServerMetrics.not_reported("no vLLM, SGLang, llama.cpp or Kvasir metrics in /metrics")
     usage = _first_gauge(samples, KV_USAGE[kind])
     counters = _cache_counters(samples, kind)
     hit_rate = _gauge(samples, "sglang:cache_hit_rate") if kind == "SGLang" else None
@@ -131,7 +139,7 @@ class HitRateWindow:
 
 
 def _kind(samples: Samples) -> str | None:
-    for prefix, kind in (("vllm:", "vLLM"), ("sglang:", "SGLang"), ("llamacpp:", "llama.cpp")):
+    for prefix, kind in (("vllm:", "vLLM"), ("sglang:", "SGLang"), ("llamacpp:", "llama.cpp"), ("kvasir:", "Kvasir")):
         if any(name.startswith(prefix) for name in samples):
             return kind
     return None
@@ -139,8 +147,9 @@ def _kind(samples: Samples) -> str | None:
 
 def _cache_counters(samples: Samples, kind: str) -> tuple[float, float] | None:
     """(cached prompt tokens, prompt tokens) since the server started, where its counters say."""
-    if kind == "vLLM":
-        hits, queries = _first_counter(samples, VLLM_HITS), _first_counter(samples, VLLM_QUERIES)
+    if kind in PREFIX_COUNTERS:
+        hit_names, query_names = PREFIX_COUNTERS[kind]
+        hits, queries = _first_counter(samples, hit_names), _first_counter(samples, query_names)
         return (hits, queries) if hits is not None and queries is not None else None
     if kind == "llama.cpp":
         computed = _counter(samples, "llamacpp:prompt_tokens")
