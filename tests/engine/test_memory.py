@@ -1,5 +1,6 @@
 """Memory through psutil on every system: resident size, peaks over a block, free system memory."""
 
+import mmap
 import sys
 import time
 from collections import namedtuple
@@ -16,8 +17,12 @@ MB = 2**20
 SAMPLE_WAIT_S = memory.SAMPLE_INTERVAL_S
 
 
-def touched(nbytes: int) -> torch.Tensor:
-    return torch.ones(nbytes // 4, dtype=torch.float32)  # written, so every page is resident
+def touched(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of new memory with every page written, so all of it is resident. In a mapping of its own: the C
+    allocator may serve even a large block from heap pages the process already holds, which would not grow."""
+    block = mmap.mmap(-1, nbytes)
+    torch.frombuffer(block, dtype=torch.uint8).fill_(1)
+    return block
 
 
 def test_resident_bytes_is_psutils_and_grows_with_touched_memory():
