@@ -8,10 +8,13 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "KVASIR_CACHE_DIR" not in os.environ:  # converted GGUF copies go to a folder of this test run
+if "KVASIR_CACHE_DIR" not in os.environ:  # converted GGUF copies go to a folder of this test run, removed after it
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["KVASIR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvasir-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["KVASIR_CACHE_DIR"], ignore_errors=True)
 
 import pytest
 import torch
