@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -41,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.self_test:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-        args.data_dir = args.data_dir or tempfile.mkdtemp(prefix="kvasir-self-test-")
+        if not args.data_dir:  # a throwaway chat store, gone when the test ends
+            args.data_dir = tempfile.mkdtemp(prefix="kvasir-self-test-")
+            atexit.register(shutil.rmtree, args.data_dir, ignore_errors=True)
     if args.data_dir:
         os.environ["KVASIR_DATA_DIR"] = args.data_dir
     from .xcb_check import check_before_qt
