@@ -3,7 +3,7 @@
 Every reply in them was written by the model (greedy, so the pictures can be made again): nothing is typed
 into the database and credited to it. Shots: a chat while three others stream (light and dark), finished
 replies with their numbers, the context-full question, the engine panel close up (its numbers, then its
-charts), and the model manager.
+charts), and the model manager (its library, and Discover before a search).
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ async def capture(window, out: Path) -> list[Path]:
             break
         await asyncio.sleep(0.05)
     await save(dialog, "model-manager")
+    dialog.tabs.setCurrentWidget(dialog.discover)  # before a search: nothing on it comes from a network
+    await save(dialog, "model-manager-discover")
     dialog.close()
     return shots
 

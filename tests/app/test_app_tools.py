@@ -6,11 +6,11 @@ from PySide6.QtGui import QImage
 from app import screenshots, ui_bench
 
 
-def test_screenshots_writes_seven_pictures_of_the_real_window(window, qloop, tmp_path):
+def test_screenshots_writes_eight_pictures_of_the_real_window(window, qloop, tmp_path):
     shots = qloop.run_until_complete(screenshots.capture(window, tmp_path))
     assert [p.name for p in shots] == ["finished-replies.png", "main-light.png", "main-dark.png",
                                        "engine-panel.png", "engine-charts.png", "context-full.png",
-                                       "model-manager.png"]
+                                       "model-manager.png", "model-manager-discover.png"]
     for path in shots:
         image = QImage(str(path))
         assert image.width() > 100 and image.height() > 50, path.name
