@@ -1,11 +1,21 @@
 """What the bundle leaves out (packaging/packaging_rules.py); the build itself runs in make package-test."""
 
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packaging"))
 
-from packaging_rules import drop_dangling_symlinks, keep_file  # noqa: E402
+from packaging_rules import EXCLUDED_MODULES, drop_dangling_symlinks, keep_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_no_qt_module_the_app_imports_is_left_out():
+    imported = {f"PySide6.{name}" for path in (ROOT / "app").rglob("*.py")
+                for name in re.findall(r"\bPySide6\.(Qt\w+)", path.read_text(encoding="utf-8"))}
+    assert {"PySide6.QtWidgets", "PySide6.QtCharts"} <= imported  # the scan finds what the app uses
+    assert sorted(imported & set(EXCLUDED_MODULES)) == []
 
 
 def test_torch_tests_headers_and_test_binaries_are_left_out():
