@@ -594,8 +594,9 @@ class MainWindow(QMainWindow):
         settings = QSettings("Kvasir", "Kvasir")
         settings.setValue("geometry", self.saveGeometry())
         settings.setValue("splitter", self.splitter.saveState())
-        for task in list(self.controller.tasks.values()):
-            task.cancel()
+        for task in [*self.controller.tasks.values(), getattr(self, "context_count", None)]:
+            if task is not None:
+                task.cancel()
         self.local_api.shutdown()
         self.remote.shutdown()
         super().closeEvent(event)
