@@ -110,16 +110,9 @@ class EnginePanel(QWidget):
         return box
 
     def _group(self, title: str, names: list[str]) -> QGroupBox:
-        box = QGroupBox(title)
-        form = QFormLayout(box)
-        form.setLabelAlignment(Qt.AlignLeft)
-        for name in names:
-            label = QLabel("–")
-            label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-            label.setWordWrap(True)
-            self.labels[name] = label
-            self._forms[name] = form
-            form.addRow(name, label)
+        box, form, labels = value_rows(title, names)
+        self.labels.update(labels)
+        self._forms.update(dict.fromkeys(names, form))
         return box
 
     # -- updates ------------------------------------------------------------------------------------
@@ -218,6 +211,20 @@ class EnginePanel(QWidget):
         if label.text() != text:
             label.setText(text)
 
+
+
+def value_rows(title: str, names: list[str]) -> tuple[QGroupBox, QFormLayout, dict[str, QLabel]]:
+    """A group of named rows, each a selectable value label (shown as "–" until set); the remote panel's too."""
+    box = QGroupBox(title)
+    form = QFormLayout(box)
+    form.setLabelAlignment(Qt.AlignLeft)
+    labels = {}
+    for name in names:
+        label = labels[name] = QLabel("–")
+        label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        label.setWordWrap(True)
+        form.addRow(name, label)
+    return box, form, labels
 
 def _unowned_title(request: RequestSnapshot) -> str:
     """How a request that is not one of the window's chats is named: API requests say so."""

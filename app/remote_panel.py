@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from engine.remote import ServerMetrics
 
+from .engine_panel import value_rows
 from .remote_engines import RemoteEngines
 from .remote_store import RemoteChoice
 from .sparkline import Sparkline
@@ -45,15 +45,8 @@ class RemotePanel(QWidget):
         engines.metrics_updated.connect(self._metrics)
 
     def _group(self, title: str, names: list[str]) -> QGroupBox:
-        box = QGroupBox(title)
-        form = QFormLayout(box)
-        form.setLabelAlignment(Qt.AlignLeft)
-        for name in names:
-            label = QLabel("–")
-            label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-            label.setWordWrap(True)
-            self.labels[name] = label
-            form.addRow(name, label)
+        box, _, labels = value_rows(title, names)
+        self.labels.update(labels)
         return box
 
     def text(self, name: str) -> str:
