@@ -15,7 +15,7 @@ PARTS=${PARTS:-tarball deb chroot}
 SUITE=${DEBIAN_SUITE:-$( . /etc/os-release 2>/dev/null; [ "${ID:-}" = debian ] && echo "${VERSION_CODENAME:-}" )}
 SUITE=${SUITE:-bookworm}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/kvasir/package-test
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/Kvasir/package-test
 SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
 # what a fresh session has: no venv, no source tree, no Python on the PATH beyond the system's
 CLEAN_ENV=(env -i PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 QT_QPA_PLATFORM=offscreen)
