@@ -1,0 +1,222 @@
+"""Decode steps replayed from captured CUDA graphs.
+
+A one-token-per-sequence step of a small model is a few hundred short kernels; launched one by one from Python,
+the launches cost more than the arithmetic. A CUDA graph records the kernels of one step once and replays them
+with a single launch, as vLLM and nano-vllm do. A graph replays fixed shapes at fixed addresses, so:
+
+- **What is captured.** A pure decode step (every chunk one new token that is sampled) of at most
+  ``max_num_seqs`` sequences, on CUDA, through the lean decoder (:mod:`.lean_decoder`). Prefill and mixed steps,
+  larger batches, the CPU, the native CPU decoder and transformers' own modules run eagerly as before. Sampling
+  stays outside the graph (its parameters change per request).
+- **Buckets.** The batch is padded up to the nearest captured size: 1, 2, 4, 8, then steps of 16, and
+  ``max_num_seqs`` itself. On the torch attention path the block tables are padded to a width bucket too (powers
+  of two up to the model's whole context in blocks), because that path reads every block of the table's width
+  (:mod:`.graph_attention`); flash-attn reads each row only up to its length, so it needs one width, the whole
+  context. A graph is captured on first use of its (batch size, width) bucket, on the engine thread (a few
+  milliseconds of GPU time each), so nothing is captured that is never used and loading does not wait.
+- **Inputs.** Each graph owns one small int64 buffer laid out as token ids, positions, cache slots and context
+  lengths (``batch`` each), then the block table (``batch x width``). A step writes it with one host-to-device
+  copy from pinned memory and replays; the logits land in one static ``[max_num_seqs, vocab]`` buffer, of
+  which the real rows are returned.
+- **Padding rows** write their keys and values to the KV cache's scratch block (``KVCache(reserved_blocks=1)``:
+  a block past the ones the block manager hands out, so no sequence ever owns it), read only that block
+  (context length 1), and are dropped from the logits; rows are independent through every layer, so they cannot
+  disturb the real ones.
+- **Memory.** All graphs share one memory pool (graphs never run concurrently, and nothing a graph allocates
+  outlives its replay: inputs, outputs and the KV cache live outside the pool), so the pool holds about one
+  step's activations at the largest bucket used, plus the driver's copy of each graph. The engine adds the pool's
+  growth to the memory it reports. At most ``MAX_GRAPHS`` graphs are captured: with the torch path's widths,
+  ``max_num_seqs=64`` and a 4k-token context that is 8 x 9 = 72 buckets, so a step in a bucket past the cap runs
+  eagerly. A capture that fails turns graphs off for the engine, with the reason in its stats.
+
+The capture itself is :func:`capture_graph`; everything else runs on the CPU too, where the tests replace the
+capture by an eager call of the same function.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from ..serving.kv_cache import KVCache
+from ..serving.scheduler import Chunk
+from .graph_attention import graph_decode_metadata
+from .lean_decoder import LeanDecoder, lean_decoder_for
+from .transfer import copy_into
+
+log = logging.getLogger(__name__)
+
+MAX_GRAPHS = 64
+SMALL_BATCHES = (1, 2, 4, 8)
+BATCH_STEP = 16
+NOT_CAPTURED = "captured on first use of each batch size"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphLimits:
+    """What fixes the buckets: the largest batch and the longest context a decode step can have."""
+
+    max_num_seqs: int
+    max_model_len: int
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """The batch sizes graphs are captured for: 1, 2, 4, 8, then steps of 16, and ``max_num_seqs``."""
+    sizes = [size for size in SMALL_BATCHES if size < max_num_seqs]
+    sizes += range(BATCH_STEP, max_num_seqs, BATCH_STEP)
+    return sorted(set(sizes)) + [max_num_seqs]
+
+
+def width_buckets(max_blocks: int) -> list[int]:
+    """Block-table widths for the torch path: the powers of two below ``max_blocks``, then ``max_blocks``."""
+    widths, width = [], 1
+    while width < max_blocks:
+        widths.append(width)
+        width *= 2
+    return widths + [max_blocks]
+
+
+def bucket(sizes: list[int], needed: int) -> int:
+    """The smallest of the (sorted) ``sizes`` that holds ``needed``."""
+    return sizes[bisect.bisect_left(sizes, needed)]
+
+
+def graphs_problem(enabled: bool, device: torch.device, model: torch.nn.Module) -> str | None:
+    """Why this engine's decode steps run eagerly, or None when they can replay from CUDA graphs."""
+    if not enabled:
+        return "turned off in the settings (cuda_graphs=False)"
+    if device.type != "cuda":
+        return f"not on the {device.type.upper()}"
+    if lean_decoder_for(model) is None:
+        return f"{model.config.model_type} runs through transformers' own modules, which are not captured"
+    return None
+
+
+def capture_graph(forward, pool):
+    """Record ``forward``'s kernels in a CUDA graph that allocates from ``pool`` (None: a new pool); returns the
+    graph and its pool. ``forward`` runs once first on a side stream, so that lazy initialisation (cuBLAS
+    workspaces, kernel selection) happens before the capture rather than inside it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the window's threads may ask the device for its memory while the engine thread captures
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        forward()
+    return graph, graph.pool()
+
+
+@dataclass(slots=True)
+class _Graph:
+    """One bucket: its static input buffer and, once captured, its graph."""
+
+    batch: int
+    width: int
+    inputs: torch.Tensor  # [batch * 4 + batch * width] int64 on the device
+    graph: object | None = None
+
+
+class DecodeGraphs:
+    """Pure decode steps from CUDA graphs, one per (batch size, block-table width) bucket, captured on first use."""
+
+    def __init__(self, decoder: LeanDecoder, kv_cache: KVCache, device: torch.device, flash: bool,
+                 limits: GraphLimits, max_graphs: int = MAX_GRAPHS) -> None:
+        if kv_cache.scratch_block is None:
+            raise ValueError("CUDA-graph decode steps need a KV cache with a reserved scratch block")
+        self.decoder, self.kv_cache, self.device, self.flash = decoder, kv_cache, device, flash
+        self.batch_sizes = graph_batch_sizes(limits.max_num_seqs)
+        max_blocks = -(-limits.max_model_len // kv_cache.block_size)
+        self.widths = [max_blocks] if flash else width_buckets(max_blocks)
+        self.max_graphs = max_graphs
+        self.problem: str | None = None  # set when a capture failed: from then on every step runs eagerly
+        self.memory_bytes = 0  # what the captures added to the memory the allocator holds
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool = None
+        largest = self.batch_sizes[-1]
+        self._rows = torch.arange(largest, device=device)
+        vocab = decoder.lm_head.out_features
+        self._logits = torch.empty((largest, vocab), dtype=decoder.embed_tokens.weight.dtype, device=device)
+
+    @property
+    def num_graphs(self) -> int:
+        """Graphs captured so far."""
+        return sum(1 for entry in self._graphs.values() if entry.graph is not None)
+
+    def takes(self, chunks: list[Chunk]) -> bool:
+        """True when ``chunks`` are a decode step a graph can replay: one sampled token each, few enough."""
+        return (self.problem is None and 0 < len(chunks) <= self.batch_sizes[-1]
+                and all(c.end - c.start == 1 and c.samples for c in chunks))
+
+    def run(self, chunks: list[Chunk]) -> torch.Tensor | None:
+        """``[len(chunks), vocab]`` logits from a replayed graph (a view of a static buffer, valid until the next
+        step); None when this step must run eagerly (the graph cap is reached, or its capture failed)."""
+        block_size = self.kv_cache.block_size
+        batch = bucket(self.batch_sizes, len(chunks))
+        width = bucket(self.widths, max(-(-c.end // block_size) for c in chunks))
+        entry = self._graphs.get((batch, width))
+        if entry is None:
+            if len(self._graphs) >= self.max_graphs:
+                return None
+            entry = _Graph(batch, width, torch.zeros(batch * (4 + width), dtype=torch.long, device=self.device))
+        copy_into(entry.inputs, self._host_inputs(chunks, batch, width))
+        if entry.graph is None and not self._capture(entry):
+            return None
+        entry.graph.replay()
+        return self._logits[: len(chunks)]
+
+    def forward(self, inputs: torch.Tensor, batch: int, width: int) -> None:
+        """The step a graph captures: the lean decoder over ``inputs`` (see :meth:`_host_inputs`), logits into
+        the static output. Called without a capture it computes the same step eagerly."""
+        ids, positions, slots, lengths = inputs[: 4 * batch].view(4, batch).unbind(0)
+        table = inputs[4 * batch :].view(batch, width)
+        meta = graph_decode_metadata(self.kv_cache, positions, slots, table, lengths, self.flash)
+        self._logits[:batch].copy_(self.decoder(ids, meta, self._rows[:batch]))
+
+    def close(self) -> None:
+        """Release every graph and their pool: before the model and the KV cache they point into are freed."""
+        if self.device.type == "cuda" and self._graphs:
+            torch.cuda.synchronize(self.device)
+        self._graphs.clear()
+        self._pool = None
+        self.memory_bytes = 0
+
+    def _capture(self, entry: _Graph) -> bool:
+        before = _reserved_bytes(self.device)
+        try:
+            entry.graph, self._pool = capture_graph(partial(self.forward, entry.inputs, entry.batch, entry.width),
+                                                    self._pool)
+        except Exception as exc:  # an operation that cannot be captured: serve eagerly rather than fail the step
+            log.warning("capturing a decode step of %d x %d failed: %r", entry.batch, entry.width, exc)
+            self.close()
+            self.problem = f"capturing a decode step failed ({type(exc).__name__}: {exc})"[:300]
+            return False
+        self.memory_bytes += max(0, _reserved_bytes(self.device) - before)
+        self._graphs[(entry.batch, entry.width)] = entry
+        return True
+
+    def _host_inputs(self, chunks: list[Chunk], batch: int, width: int) -> torch.Tensor:
+        """The bucket's inputs on the host: ids, positions, slots, context lengths, then the block table, each
+        padded to ``batch`` rows; padding rows and the tables' unused columns point at the scratch block."""
+        block_size, scratch = self.kv_cache.block_size, self.kv_cache.scratch_block
+        pad = batch - len(chunks)
+        ids = [c.seq.token_ids[c.start] for c in chunks] + [0] * pad
+        positions = [c.start for c in chunks] + [0] * pad
+        slots = [c.seq.block_table[c.start // block_size] * block_size + c.start % block_size for c in chunks]
+        lengths = [c.end for c in chunks] + [1] * pad
+        table: list[int] = []
+        for chunk in chunks:
+            blocks = chunk.seq.block_table[: -(-chunk.end // block_size)]
+            table += blocks + [scratch] * (width - len(blocks))
+        table += [scratch] * (width * pad)
+        return torch.tensor(ids + positions + slots + [scratch * block_size] * pad + lengths + table,
+                            dtype=torch.long)
+
+
+def _reserved_bytes(device: torch.device) -> int:
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
