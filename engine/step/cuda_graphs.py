@@ -24,10 +24,11 @@ with a single launch, as vLLM and nano-vllm do. A graph replays fixed shapes at 
   disturb the real ones.
 - **Memory.** All graphs share one memory pool (graphs never run concurrently, and nothing a graph allocates
   outlives its replay: inputs, outputs and the KV cache live outside the pool), so the pool holds about one
-  step's activations at the largest bucket used, plus the driver's copy of each graph. The engine adds the pool's
-  growth to the memory it reports. At most ``MAX_GRAPHS`` graphs are captured: with the torch path's widths,
-  ``max_num_seqs=64`` and a 4k-token context that is 8 x 9 = 72 buckets, so a step in a bucket past the cap runs
-  eagerly. A capture that fails turns graphs off for the engine, with the reason in its stats.
+  step's activations at the largest bucket used, plus the driver's copy of each graph. The engine counts the
+  pool's growth, the input buffers and the static logits in the memory it reports.
+- **Cap.** At most ``MAX_GRAPHS`` graphs are captured: with the torch path's widths, ``max_num_seqs=64`` and a
+  4k-token context there are 8 x 9 = 72 buckets, and a step in a bucket past the cap runs eagerly.
+  A capture that fails turns graphs off for the engine, with the reason in its stats.
 
 The capture itself is :func:`capture_graph`; everything else runs on the CPU too, where the tests replace the
 capture by an eager call of the same function.
@@ -93,6 +94,9 @@ def graphs_problem(enabled: bool, device: torch.device, model: torch.nn.Module) 
         return f"not on the {device.type.upper()}"
     if lean_decoder_for(model) is None:
         return f"{model.config.model_type} runs through transformers' own modules, which are not captured"
+    rope = getattr(model.model.rotary_emb, "rope_type", "default")
+    if "dynamic" in rope or rope == "longrope":  # these recompute their frequencies from the positions' maximum
+        return f"its {rope} rotary scaling reads the positions on the host"
     return None
 
 
@@ -135,18 +139,24 @@ class DecodeGraphs:
         self.widths = [max_blocks] if flash else width_buckets(max_blocks)
         self.max_graphs = max_graphs
         self.problem: str | None = None  # set when a capture failed: from then on every step runs eagerly
-        self.memory_bytes = 0  # what the captures added to the memory the allocator holds
+        self._pool_bytes = 0  # what the captures added to the memory the allocator holds
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
         largest = self.batch_sizes[-1]
         self._rows = torch.arange(largest, device=device)
         vocab = decoder.lm_head.out_features
         self._logits = torch.empty((largest, vocab), dtype=decoder.embed_tokens.weight.dtype, device=device)
+        self._static_bytes = self._logits.nbytes + self._rows.nbytes
 
     @property
     def num_graphs(self) -> int:
         """Graphs captured so far."""
-        return sum(1 for entry in self._graphs.values() if entry.graph is not None)
+        return len(self._graphs)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory the graphs hold: their pool's growth, their input buffers and the static logits."""
+        return self._static_bytes + self._pool_bytes + sum(entry.inputs.nbytes for entry in self._graphs.values())
 
     def takes(self, chunks: list[Chunk]) -> bool:
         """True when ``chunks`` are a decode step a graph can replay: one sampled token each, few enough."""
@@ -184,7 +194,7 @@ class DecodeGraphs:
             torch.cuda.synchronize(self.device)
         self._graphs.clear()
         self._pool = None
-        self.memory_bytes = 0
+        self._pool_bytes = self._static_bytes = 0
 
     def _capture(self, entry: _Graph) -> bool:
         before = _reserved_bytes(self.device)
@@ -196,7 +206,7 @@ class DecodeGraphs:
             self.close()
             self.problem = f"capturing a decode step failed ({type(exc).__name__}: {exc})"[:300]
             return False
-        self.memory_bytes += max(0, _reserved_bytes(self.device) - before)
+        self._pool_bytes += max(0, _reserved_bytes(self.device) - before)
         self._graphs[(entry.batch, entry.width)] = entry
         return True
 

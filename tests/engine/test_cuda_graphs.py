@@ -20,6 +20,7 @@ from engine.step import cuda_graphs
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.cuda_graphs import bucket, graph_batch_sizes, width_buckets
 from tests.helpers import eager_graphs, flash_stand_in
+from tests.helpers.tiny_models import VOCAB
 
 PROMPTS = [
     "the first chat asks about paged attention",
@@ -86,6 +87,7 @@ def test_graph_decode_matches_the_eager_engine(tiny_model_dirs, arch, graphs):
     assert eager_graphs.replays(graphs) > 60  # the decode steps replayed; prefill ran eagerly
     stats = graph_engine.stats()
     assert stats.cuda_graphs == len(graphs["captured"]) and stats.cuda_graphs_reason == ""
+    assert stats.cuda_graph_memory_bytes >= 64 * VOCAB * 4  # the static float32 logits of the largest batch
 
 
 def test_graph_decode_with_prefix_cache_hits(tiny_model_dirs, graphs):
@@ -179,6 +181,13 @@ def test_transformers_modules_are_not_captured(tiny_model_dirs, graphs):
     assert engine.runner.graphs is None and "phi3" in engine.stats().cuda_graphs_reason
 
 
+def test_rotary_scalings_that_read_positions_on_the_host_are_not_captured(tiny_model_dirs):
+    model = _engine(tiny_model_dirs["llama"]).loaded.model
+    assert cuda_graphs.graphs_problem(True, torch.device("cuda"), model) is None
+    model.model.rotary_emb.rope_type = "dynamic"
+    assert "dynamic rotary scaling" in cuda_graphs.graphs_problem(True, torch.device("cuda"), model)
+
+
 def test_the_setting_is_validated():
     with pytest.raises(ValueError, match="cuda_graphs"):
         EngineConfig(cuda_graphs="yes")
@@ -215,9 +224,11 @@ def test_close_drops_every_graph(tiny_model_dirs, graphs):
     alive = [weakref.ref(graph) for graph in graphs["captured"]]
     graphs["captured"].clear()
     assert alive and all(ref() is not None for ref in alive)
+    steps = engine.runner.graphs
     engine.runner.close()
     gc.collect()
     assert engine.runner.graphs is None and all(ref() is None for ref in alive)
+    assert steps.num_graphs == 0 and steps.memory_bytes == 0 and engine.stats().cuda_graph_memory_bytes == 0
 
 
 def test_switching_releases_the_graphs_before_the_model(tiny_model_dirs, graphs):
