@@ -198,17 +198,22 @@ def syncs_per_step(model: Path, device: str) -> dict:
         return {"note": "counted by CUDA's sync debug mode only; tests/engine/test_step_syncs.py counts on the CPU"}
     import warnings
 
-    waits = []
+    waits, captured = [], []
     torch.cuda.set_sync_debug_mode("warn")
     try:
         while engine.has_unfinished():
+            graphs = engine.stats().cuda_graphs
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 engine.step()
             waits.append(sum("synchroniz" in str(w.message) for w in caught))
+            captured.append(engine.stats().cuda_graphs > graphs)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    return {"steps": len(waits), "max_waits_per_step": max(waits), "per_step": waits}
+    # torch.cuda.graph synchronises the device before it captures: a step that captured waits for that too
+    steady = [n for n, capture in zip(waits, captured) if not capture]
+    return {"steps": len(waits), "max_waits_per_step": max(waits), "per_step": waits,
+            "steps_that_captured_a_graph": sum(captured), "max_waits_per_step_without_capture": max(steady, default=0)}
 
 
 def kv_sizing_and_switches(model: Path, device: str) -> dict:
@@ -256,10 +261,21 @@ def decode_speed(model: Path, device: str) -> dict:
                     cuda_graphs_reason=stats.cuda_graphs_reason,
                     cuda_graph_memory_mib=round(stats.cuda_graph_memory_bytes / 2**20, 1))
         del engine
+        _return_memory(device)
         if device == "cuda":
             rows.update(_decode_rates(_engine(model, device, quantization=mode, cuda_graphs=False), "eager_"))
+            _return_memory(device)
         results[mode] = rows
     return results
+
+
+def _return_memory(device: str) -> None:
+    """Collect a dropped engine now, so that the next one's fit check and KV sizing see its memory free."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _decode_rates(engine, prefix: str) -> dict:
@@ -298,6 +314,7 @@ def graphs_parity(model: Path, device: str) -> dict:
             result[f"{dtype}_graphs" if graphs else f"{dtype}_eager"] = {
                 "cuda_graphs": stats.cuda_graphs, "attention": stats.attention_backend}
             del engine
+            _return_memory(device)
         got, want = sum(replies[True], []), sum(replies[False], [])
         same = sum(a == b for a, b in zip(got, want))
         result[f"{dtype}_identical"] = f"{same} of {len(want)}"
