@@ -16,8 +16,8 @@ with a single launch, as vLLM and nano-vllm do. A graph replays fixed shapes at 
   milliseconds of GPU time each), so nothing is captured that is never used and loading does not wait.
 - **Inputs.** Each graph owns one small int64 buffer laid out as token ids, positions, cache slots and context
   lengths (``batch`` each), then the block table (``batch x width``). A step writes it with one host-to-device
-  copy from pinned memory and replays; the logits land in one static ``[max_num_seqs, vocab]`` buffer, of
-  which the real rows are returned.
+  copy from pinned memory and replays; the logits land in one static float32 ``[max_num_seqs, vocab]``
+  buffer, of which the real rows are returned.
 - **Padding rows** write their keys and values to the KV cache's scratch block (``KVCache(reserved_blocks=1)``:
   a block past the ones the block manager hands out, so no sequence ever owns it), read only that block
   (context length 1), and are dropped from the logits; rows are independent through every layer, so they cannot
@@ -144,8 +144,8 @@ class DecodeGraphs:
         self._pool = None
         largest = self.batch_sizes[-1]
         self._rows = torch.arange(largest, device=device)
-        vocab = decoder.lm_head.out_features
-        self._logits = torch.empty((largest, vocab), dtype=decoder.embed_tokens.weight.dtype, device=device)
+        # float32 whatever the model computes in: the conversion is exact and the sampler works in float32 anyway
+        self._logits = torch.empty((largest, decoder.lm_head.out_features), dtype=torch.float32, device=device)
         self._static_bytes = self._logits.nbytes + self._rows.nbytes
 
     @property
@@ -167,8 +167,10 @@ class DecodeGraphs:
         """``[len(chunks), vocab]`` logits from a replayed graph (a view of a static buffer, valid until the next
         step); None when this step must run eagerly (the graph cap is reached, or its capture failed)."""
         block_size = self.kv_cache.block_size
-        batch = bucket(self.batch_sizes, len(chunks))
-        width = bucket(self.widths, max(-(-c.end // block_size) for c in chunks))
+        needed = max(-(-c.end // block_size) for c in chunks)
+        if needed > self.widths[-1]:  # past the context the buckets cover (the engine refuses such requests)
+            return None
+        batch, width = bucket(self.batch_sizes, len(chunks)), bucket(self.widths, needed)
         entry = self._graphs.get((batch, width))
         if entry is None:
             if len(self._graphs) >= self.max_graphs:

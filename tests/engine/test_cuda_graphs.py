@@ -19,7 +19,7 @@ from engine.serving.engine import Engine as EngineClass
 from engine.step import cuda_graphs
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.cuda_graphs import bucket, graph_batch_sizes, width_buckets
-from tests.helpers import eager_graphs, flash_stand_in
+from tests.helpers import eager_graphs, flash_stand_in, sync_counter
 from tests.helpers.tiny_models import VOCAB
 
 PROMPTS = [
@@ -123,6 +123,26 @@ def test_the_captured_function_computes_the_lean_decoders_logits(tiny_model_dirs
                           + sum(rows, []))
     steps.forward(inputs, batch, width)
     torch.testing.assert_close(steps._logits[:3], want, rtol=0, atol=1e-5)
+
+
+def test_the_captured_step_neither_waits_nor_builds_on_the_host(tiny_model_dirs, graphs, monkeypatch):
+    """What a graph records must run without the host: a wait or a host-built tensor inside it would fail the
+    capture (or be frozen into it)."""
+    engine = _engine(tiny_model_dirs["qwen3"])
+    for prompt in PROMPTS[:3]:
+        engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    while not graphs["captured"]:
+        engine.step()
+    waits, built = sync_counter.install(monkeypatch), []
+    for name in ("tensor", "as_tensor", "from_numpy"):
+        original = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _original=original, **k: built.append(a) or _original(*a, **k))
+    before = engine.runner.graphs._logits.clone()
+    with torch.inference_mode():
+        graphs["captured"][0].replay()
+    assert waits["n"] == 0 and built == []
+    # the same step again (to rounding: the CPU's matmuls may round differently at other buffer alignments)
+    torch.testing.assert_close(engine.runner.graphs._logits, before, rtol=0, atol=1e-5)
 
 
 # -- padding rows ---------------------------------------------------------------------------------------

@@ -5,26 +5,15 @@ On the CPU nothing waits, so the test counts the calls that would wait on CUDA (
 """
 
 import pytest
-import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from tests.helpers import eager_graphs
-
-SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")
+from tests.helpers import sync_counter as syncs
 
 
 @pytest.fixture
 def sync_counter(monkeypatch):
-    counts = {"n": 0}
-    for name in SYNCING:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, **kwargs):
-            counts["n"] += 1
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return counts
+    return syncs.install(monkeypatch)
 
 
 def _run_counted(engine: Engine, sync_counter) -> list[int]:
