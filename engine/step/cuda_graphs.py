@@ -12,8 +12,9 @@ with a single launch, as vLLM and nano-vllm do. A graph replays fixed shapes at 
   ``max_num_seqs`` itself. On the torch attention path the block tables are padded to a width bucket too (powers
   of two up to the model's whole context in blocks), because that path reads every block of the table's width
   (:mod:`.graph_attention`); flash-attn reads each row only up to its length, so it needs one width, the whole
-  context. A graph is captured on first use of its (batch size, width) bucket, on the engine thread (a few
-  milliseconds of GPU time each), so nothing is captured that is never used and loading does not wait.
+  context. A graph is captured on first use of its (batch size, width) bucket, on the engine thread (one warm-up
+  run, a device synchronisation and the recording: milliseconds, a step's worth of latency once per bucket), so
+  nothing is captured that is never used and loading does not wait.
 - **Inputs.** Each graph owns one small int64 buffer laid out as token ids, positions, cache slots and context
   lengths (``batch`` each), then the block table (``batch x width``). A step writes it with one host-to-device
   copy from pinned memory and replays; the logits land in one static float32 ``[max_num_seqs, vocab]``
@@ -54,7 +55,6 @@ log = logging.getLogger(__name__)
 MAX_GRAPHS = 64
 SMALL_BATCHES = (1, 2, 4, 8)
 BATCH_STEP = 16
-NOT_CAPTURED = "captured on first use of each batch size"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ def capture_graph(forward, pool):
         forward()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    # thread_local: the window's threads may ask the device for its memory while the engine thread captures
+    # thread_local: only this thread's calls can invalidate the capture, whatever another thread of the app does
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         forward()
     return graph, graph.pool()
