@@ -88,11 +88,3 @@ def _flash_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                                   block_table=meta.block_table, softmax_scale=scaling, causal=True)
     return out.transpose(0, 1)  # [B, 1, H, D] -> [1, B, H, D]
 
-
-def flash_kvcache_available() -> bool:
-    """True when flash-attn's paged decode kernel can be imported."""
-    try:
-        from flash_attn import flash_attn_with_kvcache  # noqa: F401
-    except Exception:
-        return False
-    return True
