@@ -215,6 +215,16 @@ def test_the_setting_is_validated():
         EngineConfig(cuda_graphs="yes")
 
 
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["serve"], ["bench"]])
+def test_the_command_line_turns_graphs_off(command, monkeypatch, tmp_path):
+    from engine.tools.cli import build_parser, config_from
+
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path))  # an empty model library
+    parser = build_parser()
+    assert config_from(parser.parse_args(command)).cuda_graphs is True
+    assert config_from(parser.parse_args(command[:1] + ["--no-cuda-graphs"] + command[1:])).cuda_graphs is False
+
+
 def test_a_failed_capture_falls_back_to_eager_steps(tiny_model_dirs, graphs, monkeypatch):
     def refuse(forward, pool):
         raise RuntimeError("operation not permitted when stream is capturing")
