@@ -42,6 +42,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from ..serving.kv_cache import KVCache
@@ -216,18 +217,17 @@ class DecodeGraphs:
         """The bucket's inputs on the host: ids, positions, slots, context lengths, then the block table, each
         padded to ``batch`` rows; padding rows and the tables' unused columns point at the scratch block."""
         block_size, scratch = self.kv_cache.block_size, self.kv_cache.scratch_block
-        pad = batch - len(chunks)
-        ids = [c.seq.token_ids[c.start] for c in chunks] + [0] * pad
-        positions = [c.start for c in chunks] + [0] * pad
-        slots = [c.seq.block_table[c.start // block_size] * block_size + c.start % block_size for c in chunks]
-        lengths = [c.end for c in chunks] + [1] * pad
-        table: list[int] = []
-        for chunk in chunks:
-            blocks = chunk.seq.block_table[: -(-chunk.end // block_size)]
-            table += blocks + [scratch] * (width - len(blocks))
-        table += [scratch] * (width * pad)
-        return torch.tensor(ids + positions + slots + [scratch * block_size] * pad + lengths + table,
-                            dtype=torch.long)
+        inputs = np.empty(batch * (4 + width), dtype=np.int64)
+        rows, table = inputs[: 4 * batch].reshape(4, batch), inputs[4 * batch :].reshape(batch, width)
+        rows[:, len(chunks) :] = np.array([[0], [0], [scratch * block_size], [1]])  # padding: token 0 at position 0
+        table.fill(scratch)
+        for row, chunk in enumerate(chunks):
+            position, blocks = chunk.start, chunk.seq.block_table
+            rows[:, row] = (chunk.seq.token_ids[position], position,
+                            blocks[position // block_size] * block_size + position % block_size, chunk.end)
+            used = -(-chunk.end // block_size)
+            table[row, :used] = blocks[:used]
+        return torch.from_numpy(inputs)
 
 
 def _reserved_bytes(device: torch.device) -> int:
