@@ -196,8 +196,9 @@ class DecodeGraphs:
         if self.device.type == "cuda" and self._graphs:
             torch.cuda.synchronize(self.device)
         self._graphs.clear()
-        self._pool = None
+        self._pool = self._logits = self._rows = None
         self._pool_bytes = self._static_bytes = 0
+        self.problem = self.problem or "released"  # nothing replays after this
 
     def _capture(self, entry: _Graph) -> bool:
         before = _reserved_bytes(self.device)

@@ -277,6 +277,7 @@ def test_close_drops_every_graph(tiny_model_dirs, graphs):
     gc.collect()
     assert engine.runner.graphs is None and all(ref() is None for ref in alive)
     assert steps.num_graphs == 0 and steps.memory_bytes == 0 and engine.stats().cuda_graph_memory_bytes == 0
+    assert steps.problem == "released" and steps._logits is None  # nothing replays, the static buffers are gone
 
 
 def test_switching_releases_the_graphs_before_the_model(tiny_model_dirs, graphs):
