@@ -29,6 +29,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
+    cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU; False: every step eager
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -51,3 +52,5 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if self.attention_backend not in ("auto", "torch", "flash_attn"):
             raise ValueError("attention_backend must be 'auto', 'torch' or 'flash_attn'")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, not {self.cuda_graphs!r}")

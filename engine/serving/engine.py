@@ -17,7 +17,7 @@ from ..models.fit import FitEstimate, estimate
 from ..models.loader import LoadedModel, Progress, load_model
 from ..models.memory import return_freed_memory
 from ..sampling_params import SamplingParams
-from ..step import attention
+from ..step import attention, cuda_graphs
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.runner import ModelRunner
 from .block_manager import BlockManager
@@ -64,9 +64,13 @@ class Engine:
         self.max_model_len = self.loaded.max_model_len
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
         self.step_peak_bytes = 0  # measured on a GPU before sizing the cache
-        self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device)
+        self.graphs_problem = cuda_graphs.graphs_problem(config.cuda_graphs, self.device, self.loaded.model)
+        # graphs pad their batches with rows that write to a block no sequence owns: one more than the budget
+        reserved = 0 if self.graphs_problem else 1
+        self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device, reserved)
         self._new_scheduler()
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend)
+        limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
 
     def _new_scheduler(self) -> None:
         self.block_manager = BlockManager(self.kv_cache.num_blocks, self.block_size, self.config.enable_prefix_caching)
@@ -184,10 +188,23 @@ class Engine:
         return estimate(config)
 
     def _held_bytes(self) -> int:
-        return self.loaded.memory_bytes + self.kv_cache.memory_bytes
+        return self.loaded.memory_bytes + self.kv_cache.memory_bytes + self._graph_memory_bytes()
+
+    def _graph_memory_bytes(self) -> int:
+        graphs = self.runner.graphs if self.runner is not None else None
+        return graphs.memory_bytes if graphs is not None else 0
+
+    def _graphs_reason(self) -> str:
+        graphs = self.runner.graphs
+        if graphs is None:
+            return self.graphs_problem or "the model's decoder is not the lean one"
+        return graphs.problem or ""
 
     def _release(self) -> None:
-        """Drop the model and its KV cache so their memory goes back before the next load."""
+        """Drop the model and its KV cache so their memory goes back before the next load; the captured graphs
+        go first, since they point into both."""
+        if getattr(self, "runner", None) is not None:
+            self.runner.close()
         for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer"):
             setattr(self, name, None)
         gc.collect()
@@ -256,6 +273,9 @@ class Engine:
             queue_time_p50_s=self.counters.queue_time_p50(),
             first_tokens=self.counters.first_tokens(),
             gpu=self.gpu_monitor.read(),
+            cuda_graphs=self.runner.graphs.num_graphs if self.runner.graphs is not None else 0,
+            cuda_graphs_reason=self._graphs_reason(),
+            cuda_graph_memory_bytes=self._graph_memory_bytes(),
         )
 
     def _snapshot(self, seq: Sequence) -> RequestSnapshot:

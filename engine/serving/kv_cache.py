@@ -41,22 +41,34 @@ class KVCache:
 
     The attention backends write and read them through flat ``[num_blocks * block_size, kv_heads,
     head_dim]`` views, addressed by slot = block id * block_size + offset in the block.
+
+    ``reserved_blocks`` more blocks follow the ``num_blocks`` that the block manager hands out (ids
+    ``num_blocks ..``): no sequence ever owns them. The CUDA-graph decode step points its padding rows at the
+    first (:attr:`scratch_block`), so they write and read there and never touch a sequence's blocks.
     """
 
-    def __init__(self, shape: KVShape, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, shape: KVShape, num_blocks: int, block_size: int, device: torch.device,
+                 reserved_blocks: int = 0) -> None:
         self.shape = shape
         self.num_blocks = num_blocks
+        self.reserved_blocks = reserved_blocks
         self.block_size = block_size
-        dims = (num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
+        dims = (num_blocks + reserved_blocks, block_size, shape.num_kv_heads, shape.head_dim)
         self.keys = [_zeros(dims, shape.dtype, device) for _ in range(shape.num_layers)]
         self.values = [_zeros(dims, shape.dtype, device) for _ in range(shape.num_layers)]
-        flat = (num_blocks * block_size, shape.num_kv_heads, shape.head_dim)
+        flat = (dims[0] * block_size, shape.num_kv_heads, shape.head_dim)
         self.flat_keys = [k.view(flat) for k in self.keys]
         self.flat_values = [v.view(flat) for v in self.values]
 
     @property
+    def scratch_block(self) -> int | None:
+        """A block outside the block manager's pool, or None when none is reserved."""
+        return self.num_blocks if self.reserved_blocks else None
+
+    @property
     def memory_bytes(self) -> int:
-        return self.num_blocks * self.block_size * self.shape.bytes_per_token()
+        """Bytes of every block, the reserved ones included."""
+        return (self.num_blocks + self.reserved_blocks) * self.block_size * self.shape.bytes_per_token()
 
 
 def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -113,6 +113,9 @@ class EngineStats:
     queue_time_p50_s: float | None = None  # median queue time of the last admitted requests (None before any)
     first_tokens: tuple[FirstToken, ...] = ()  # the latest first tokens, oldest first
     gpu: GpuUsage | None = None  # memory and load of the GPU it runs on; None on the CPU
+    cuda_graphs: int = 0  # decode-step CUDA graphs captured so far (they are captured on first use)
+    cuda_graphs_reason: str = ""  # why decode steps run eagerly; empty while they replay from graphs
+    cuda_graph_memory_bytes: int = 0  # what the graphs' shared memory pool added on the device
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import StepMetadata, paged_attention
+from .graph_attention import GraphDecodeMetadata
 
 LEAN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
@@ -47,8 +48,10 @@ class LeanDecoder:
         self.lm_head = model.lm_head
         self.layers = [_LeanLayer(layer, index) for index, layer in enumerate(inner.layers)]
 
-    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata, sample_index: torch.Tensor) -> torch.Tensor:
-        """``input_ids``: ``[T]``; returns ``[len(sample_index), vocab]`` logits."""
+    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata | GraphDecodeMetadata,
+                 sample_index: torch.Tensor) -> torch.Tensor:
+        """``input_ids``: ``[T]``; returns ``[len(sample_index), vocab]`` logits. ``meta`` is the eager step's
+        metadata or a graph-safe decode step's (:mod:`.graph_attention`)."""
         hidden = self.embed_tokens(input_ids[None])  # [1, T, hidden]
         cos, sin = self.rotary_emb(hidden, meta.positions[None])
         rotary = (cos.unsqueeze(1), sin.unsqueeze(1))  # broadcast over heads: [1, 1, T, D]
@@ -74,19 +77,22 @@ class _LeanLayer:
         self.act = layer.mlp.act_fn
         self.index = _LayerIndex(index)
 
-    def __call__(self, hidden: torch.Tensor, rotary, meta: StepMetadata) -> torch.Tensor:
+    def __call__(self, hidden: torch.Tensor, rotary, meta: StepMetadata | GraphDecodeMetadata) -> torch.Tensor:
         hidden = hidden + self._attention(self.input_norm(hidden), rotary, meta)
         normed = self.post_norm(hidden)
         return hidden + self.down_proj(self.act(self.gate_proj(normed)) * self.up_proj(normed))
 
-    def _attention(self, hidden: torch.Tensor, rotary, meta: StepMetadata) -> torch.Tensor:
+    def _attention(self, hidden: torch.Tensor, rotary, meta: StepMetadata | GraphDecodeMetadata) -> torch.Tensor:
         shape = (*hidden.shape[:-1], -1, self.head_dim)  # [1, T, heads, D]
         query, key = self.q_proj(hidden).view(shape), self.k_proj(hidden).view(shape)
         if self.q_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
         value = self.v_proj(hidden).view(shape).transpose(1, 2)
         query, key = _rotate(query.transpose(1, 2), key.transpose(1, 2), *rotary)
-        out, _ = paged_attention(self.index, query, key, value, None, scaling=self.scaling, kvasir=meta)
+        if isinstance(meta, GraphDecodeMetadata):
+            out = meta.attend(self.index.layer_idx, query, key, value, self.scaling)
+        else:
+            out, _ = paged_attention(self.index, query, key, value, None, scaling=self.scaling, kvasir=meta)
         return self.o_proj(out.reshape(*hidden.shape[:-1], -1))
 
 

@@ -7,7 +7,8 @@ import torch
 from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
 from .attention import SequenceSlice, build_metadata
-from .lean_decoder import lean_decoder_for
+from .cuda_graphs import DecodeGraphs, GraphLimits
+from .lean_decoder import LeanDecoder, lean_decoder_for
 from .native_decoder import native_decoder_for
 from .sampler import Sampler, SamplingRow
 from .transfer import to_device
@@ -16,7 +17,8 @@ from .transfer import to_device
 class ModelRunner:
     """Runs the model on the chunks the scheduler picked and samples the next token where one is due."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device, backend: str) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device, backend: str,
+                 graph_limits: GraphLimits | None = None) -> None:
         self.model = model
         self.dtype = next(model.parameters()).dtype
         self.kv_cache = kv_cache
@@ -25,16 +27,32 @@ class ModelRunner:
         self.sampler = Sampler()
         # the fastest forward pass that computes this model: native CPU kernels, the lean decoder, or transformers
         self.lean = native_decoder_for(model, device, self.dtype) or lean_decoder_for(model)
+        # decode steps from CUDA graphs, where the engine asked for them (it reserved the scratch block they need)
+        self.graphs: DecodeGraphs | None = None
+        if graph_limits is not None and isinstance(self.lean, LeanDecoder):
+            self.graphs = DecodeGraphs(self.lean, kv_cache, device, backend == "flash_attn", graph_limits)
+
+    def close(self) -> None:
+        """Release the captured graphs (they hold addresses in the model and the KV cache)."""
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> list[int]:
         """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
+        logits = self.graphs.run(chunks) if self.graphs is not None and self.graphs.takes(chunks) else None
+        if logits is not None:
+            return self._sample(logits, chunks)
         input_ids, slices, sample_index = self._pack(chunks)
         meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
         input_ids = to_device(input_ids, self.device)
         sample_index = to_device(sample_index, self.device)
         logits = self.lean(input_ids, meta, sample_index) if self.lean else self._transformers_forward(
             input_ids, meta, sample_index)
+        return self._sample(logits, chunks)
+
+    def _sample(self, logits: torch.Tensor, chunks: list[Chunk]) -> list[int]:
         rows = [
             SamplingRow(c.seq.params, c.seq.token_ids, c.seq.num_output_tokens) for c in chunks if c.samples
         ]

@@ -15,3 +15,11 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def copy_into(target: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Copy host ``tensor`` into the device buffer ``target`` (a static graph input), queued as in :func:`to_device`."""
+    if target.device.type != "cuda":
+        target.copy_(tensor)
+        return
+    target.copy_(tensor.pin_memory(), non_blocking=True)

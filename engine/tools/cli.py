@@ -21,6 +21,8 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--kv-blocks", type=int, default=None, help="size of the KV pool in blocks")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                        help="run every step eagerly on a GPU (decode steps replay from CUDA graphs by default)")
 
 
 def sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -129,6 +131,7 @@ def config_from(args) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         num_kv_blocks=args.kv_blocks,
+        cuda_graphs=args.cuda_graphs,
     )
 
 

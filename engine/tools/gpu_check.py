@@ -4,8 +4,9 @@
 (a tiny one, and with ``--sizes`` a few-hundred-million-parameter one and Llama-3-8B's shape), then checks, each
 part on its own so one failure does not hide the rest: versions and the device probes with their own errors;
 greedy parity with transformers' ``generate`` in float32; bfloat16 against float32; the calls per step that
-wait for the device; the KV cache's default size and the memory held after two model switches; decode tok/s
-at 1, 16 and 64 chats per quantisation against the memory-bandwidth bound.
+wait for the device; the KV cache's default size and the memory held after two model switches; greedy replies
+with CUDA graphs against without; decode tok/s at 1, 16 and 64 chats per quantisation, with CUDA graphs and
+without, against the memory-bandwidth bound.
 Everything goes to ``DIR/gpu-check.json``; the exit status is 1 when any part failed, or when ``--device cuda``
 finds no usable GPU (a machine that claims one must not pass by skipping).
 
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, args.device))
             part("syncs_per_step", lambda: syncs_per_step(tiny, args.device))
             part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, args.device))
+            part("graphs_parity", lambda: graphs_parity(tiny, args.device))
             sizes = args.sizes or ("tiny,mid,llama3-8b" if args.device == "cuda" else "tiny")
             for size in sizes.split(","):
                 shape = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}[size]
@@ -196,17 +198,22 @@ def syncs_per_step(model: Path, device: str) -> dict:
         return {"note": "counted by CUDA's sync debug mode only; tests/engine/test_step_syncs.py counts on the CPU"}
     import warnings
 
-    waits = []
+    waits, captured = [], []
     torch.cuda.set_sync_debug_mode("warn")
     try:
         while engine.has_unfinished():
+            graphs = engine.stats().cuda_graphs
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 engine.step()
             waits.append(sum("synchroniz" in str(w.message) for w in caught))
+            captured.append(engine.stats().cuda_graphs > graphs)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    return {"steps": len(waits), "max_waits_per_step": max(waits), "per_step": waits}
+    # torch.cuda.graph synchronises the device before it captures: a step that captured waits for that too
+    steady = [n for n, capture in zip(waits, captured) if not capture]
+    return {"steps": len(waits), "max_waits_per_step": max(waits), "per_step": waits,
+            "steps_that_captured_a_graph": sum(captured), "max_waits_per_step_without_capture": max(steady, default=0)}
 
 
 def kv_sizing_and_switches(model: Path, device: str) -> dict:
@@ -236,9 +243,9 @@ def kv_sizing_and_switches(model: Path, device: str) -> dict:
 
 
 def decode_speed(model: Path, device: str) -> dict:
-    """Decode tok/s at 1, 16 and 64 chats x 64 tokens per quantisation, and the one-chat bandwidth bound."""
+    """Decode tok/s at 1, 16 and 64 chats x 64 tokens per quantisation, with CUDA graphs (the default) and, on
+    CUDA, without them (``eager_*``); and the one-chat bandwidth bound."""
     from ..devices import bitsandbytes_problem
-    from .bench import kvasir_load, prompt_set
 
     modes = ["none", "int4"] + (["nf4"] if device == "cuda" and not bitsandbytes_problem(torch.device(device))
                                 else [])
@@ -248,12 +255,75 @@ def decode_speed(model: Path, device: str) -> dict:
         engine = _engine(model, device, quantization=mode)
         weights = engine.stats().model_memory_bytes
         rows = {"weight_gib": round(weights / 2**30, 3), "bound_tok_s": round(bandwidth / weights, 1)}
-        for chats in (1, 16, 64):
-            load = kvasir_load(engine, prompt_set(engine, chats, salt=chats), 64)
-            rows[f"{chats}_chats_tok_s"] = round(load.decode_tokens_per_s or 0.0, 1)
-        results[mode] = rows
+        rows.update(_decode_rates(engine, ""))
+        stats = engine.stats()
+        rows.update(attention=stats.attention_backend, cuda_graphs=stats.cuda_graphs,
+                    cuda_graphs_reason=stats.cuda_graphs_reason,
+                    cuda_graph_memory_mib=round(stats.cuda_graph_memory_bytes / 2**20, 1))
         del engine
+        _return_memory(device)
+        if device == "cuda":
+            rows.update(_decode_rates(_engine(model, device, quantization=mode, cuda_graphs=False), "eager_"))
+            _return_memory(device)
+        results[mode] = rows
     return results
+
+
+def _return_memory(device: str) -> None:
+    """Collect a dropped engine now, so that the next one's fit check and KV sizing see its memory free."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _decode_rates(engine, prefix: str) -> dict:
+    """``{prefix}{n}_chats_tok_s`` for 1, 16 and 64 chats; on CUDA each after a warm-up round of the same size
+    (so first-use costs, CUDA-graph captures among them, stay out of the figure)."""
+    from .bench import kvasir_load, prompt_set
+
+    rates = {}
+    for chats in (1, 16, 64):
+        if engine.device.type == "cuda":
+            kvasir_load(engine, prompt_set(engine, chats, salt=1000 + chats), 64)
+        load = kvasir_load(engine, prompt_set(engine, chats, salt=chats), 64)
+        rates[f"{prefix}{chats}_chats_tok_s"] = round(load.decode_tokens_per_s or 0.0, 1)
+    return rates
+
+
+def graphs_parity(model: Path, device: str) -> dict:
+    """Greedy replies with CUDA graphs equal those without, in float32 and bfloat16, over batches that are
+    padded (3 and 5 chats) and replies whose block tables cross a width bucket."""
+    from .. import SamplingParams
+
+    prompts = PROMPTS + ["one more chat", "and a fifth one, about graphs"]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    result = {}
+    for dtype in ("float32", "bfloat16"):
+        replies = {}
+        for graphs in (True, False):
+            engine = _engine(model, device, dtype=dtype, quantization="none", num_kv_blocks=64, cuda_graphs=graphs)
+            if graphs and engine.runner.graphs is None:  # the CPU, or a model the graphs do not take
+                return {"note": engine.stats().cuda_graphs_reason}
+            replies[graphs] = [[o.token_ids for o in engine.generate(batch, params)]
+                               for batch in (prompts[:3], prompts)]
+            stats = engine.stats()
+            if graphs and not stats.cuda_graphs:
+                raise AssertionError(f"no CUDA graph was captured: {stats.cuda_graphs_reason}")
+            result[f"{dtype}_graphs" if graphs else f"{dtype}_eager"] = {
+                "cuda_graphs": stats.cuda_graphs, "attention": stats.attention_backend}
+            del engine
+            _return_memory(device)
+        got, want = sum(replies[True], []), sum(replies[False], [])
+        same = sum(a == b for a, b in zip(got, want))
+        result[f"{dtype}_identical"] = f"{same} of {len(want)}"
+        # float32 must agree token for token; bfloat16 rounds the two attention formulations differently, so
+        # a reply may drift late, but not in its first 16 tokens
+        agreed = same == len(want) if dtype == "float32" else all(a[:16] == b[:16] for a, b in zip(got, want))
+        if not agreed:
+            raise AssertionError(f"{dtype}: greedy replies with graphs differ from eager ones: {got} vs {want}")
+    return result
 
 
 def _copy_bandwidth(device: str) -> float:

@@ -26,6 +26,9 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, tokenizer_dir):
     assert sizing["kv_blocks"] > 0 and "held_after_switch_to_float32" in sizing
     decode = report["decode_tiny"]
     assert {"none", "int4"} <= decode.keys() and all(decode[m]["64_chats_tok_s"] > 0 for m in ("none", "int4"))
+    assert decode["none"]["cuda_graphs"] == 0 and decode["none"]["cuda_graphs_reason"] == "not on the CPU"
+    assert "eager_64_chats_tok_s" not in decode["none"]  # graphs off is the same run on the CPU: not repeated
+    assert report["graphs_parity"] == {"note": "not on the CPU"}
 
 
 def test_gpu_check_fails_where_cuda_is_claimed_but_absent(tmp_path, tokenizer_dir):

@@ -5,31 +5,18 @@ On the CPU nothing waits, so the test counts the calls that would wait on CUDA (
 """
 
 import pytest
-import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-
-SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")
+from tests.helpers import eager_graphs
+from tests.helpers import sync_counter as syncs
 
 
 @pytest.fixture
 def sync_counter(monkeypatch):
-    counts = {"n": 0}
-    for name in SYNCING:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, **kwargs):
-            counts["n"] += 1
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return counts
+    return syncs.install(monkeypatch)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_each_step_waits_once(tiny_model_dirs, arch, sync_counter):
-    engine = Engine(EngineConfig(model=str(tiny_model_dirs[arch]), quantization="none", num_kv_blocks=64,
-                                 max_num_batched_tokens=32))
+def _run_counted(engine: Engine, sync_counter) -> list[int]:
     prompts = ["a prompt long enough to be cut into chunks " * 10, "hi", "another one, of middling length"]
     params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True),
@@ -41,5 +28,22 @@ def test_each_step_waits_once(tiny_model_dirs, arch, sync_counter):
         before = sync_counter["n"]
         engine.step()
         per_step.append(sync_counter["n"] - before)
+    return per_step
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_each_step_waits_once(tiny_model_dirs, arch, sync_counter):
+    engine = Engine(EngineConfig(model=str(tiny_model_dirs[arch]), quantization="none", num_kv_blocks=64,
+                                 max_num_batched_tokens=32))
+    per_step = _run_counted(engine, sync_counter)
     assert len(per_step) > 6  # chunked prefill steps, mixed steps and decode steps
     assert set(per_step) <= {0, 1} and 1 in per_step, per_step
+
+
+def test_graph_decode_steps_wait_once(tiny_model_dirs, sync_counter, monkeypatch):
+    """The static-buffer decode path (run eagerly in place of its graph) waits no more than the eager one."""
+    record = eager_graphs.install(monkeypatch)
+    engine = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), quantization="none", num_kv_blocks=64,
+                                 max_num_batched_tokens=32))
+    per_step = _run_counted(engine, sync_counter)
+    assert eager_graphs.replays(record) >= 4 and set(per_step) <= {0, 1} and 1 in per_step, per_step

@@ -1,0 +1,90 @@
+"""Decode attention that a CUDA graph can hold: every shape fixed by the graph's bucket, nothing built on the host.
+
+A captured graph replays the same kernels on the same addresses, so the step's metadata lives in static device
+buffers (see :mod:`.cuda_graphs`) and everything derived from it is computed on the device inside the graph:
+no Python value that changes from step to step, no host-built mask, no wait for the device.
+
+Each of the ``B`` rows is one sequence with one new token. Its keys are read through a block table of fixed
+width ``W`` (padded with a block no sequence owns); a key is visible when its position is below the row's
+context length. Two kernels:
+
+- flash-attn's ``flash_attn_with_kvcache`` with ``cache_seqlens`` and ``block_table``: it reads each row's keys
+  up to its own length, so the width costs nothing and one width (the model's whole context) serves every step.
+- torch: the row's ``W`` blocks gathered into ``[B, kv_heads, W * block_size, D]`` and SDPA with a boolean mask
+  computed from the context lengths. The gather reads the whole width whatever the row's length, which is why
+  :mod:`.cuda_graphs` captures this path per width bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..serving.kv_cache import KVCache
+
+
+@dataclass(slots=True)
+class GraphDecodeMetadata:
+    """A decode step's metadata as device tensors of fixed shape: ``B`` rows, block tables ``W`` wide."""
+
+    kv_cache: KVCache
+    positions: torch.Tensor  # [B] the new token's position (its context length - 1)
+    slot_mapping: torch.Tensor  # [B] int64 cache slot of the new token
+    block_table: torch.Tensor  # [B, W] int64 (torch path) or int32 (flash path)
+    context_lengths: torch.Tensor  # [B] keys per row, this step's token included; int32 on the flash path
+    key_mask: torch.Tensor | None  # [B, 1, 1, W * block_size] True where a key is visible (torch path only)
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None) -> torch.Tensor:
+        """Write this step's keys and values, attend; ``query``: ``[1, H, B, D]``; returns ``[1, B, H, D]``."""
+        flat_k, flat_v = self.kv_cache.flat_keys[layer], self.kv_cache.flat_values[layer]
+        flat_k.index_copy_(0, self.slot_mapping, key[0].transpose(0, 1).to(flat_k.dtype))
+        flat_v.index_copy_(0, self.slot_mapping, value[0].transpose(0, 1).to(flat_v.dtype))
+        q = query[0].transpose(0, 1)  # [B, H, D]
+        cache_k, cache_v = self.kv_cache.keys[layer], self.kv_cache.values[layer]
+        if self.key_mask is None:
+            return _flash_decode(q, cache_k, cache_v, self, scaling)
+        return _torch_decode(q, cache_k, cache_v, self, scaling)
+
+
+def graph_decode_metadata(kv_cache: KVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                          block_table: torch.Tensor, context_lengths: torch.Tensor,
+                          flash: bool) -> GraphDecodeMetadata:
+    """The metadata every layer reads, derived on the device from the static buffers (once per step)."""
+    if flash:  # flash-attn takes int32 tables and lengths, contiguous in their last dimension
+        return GraphDecodeMetadata(kv_cache, positions, slot_mapping, block_table.to(torch.int32),
+                                   context_lengths.to(torch.int32), None)
+    keys = block_table.shape[1] * kv_cache.block_size
+    visible = torch.arange(keys, device=context_lengths.device)[None, :] < context_lengths[:, None]
+    return GraphDecodeMetadata(kv_cache, positions, slot_mapping, block_table, context_lengths,
+                               visible[:, None, None, :])
+
+
+def _torch_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, meta: GraphDecodeMetadata,
+                  scaling: float | None) -> torch.Tensor:
+    batch, heads, head_dim = q.shape
+    kv_heads = cache_k.shape[2]
+    # query heads that share a KV head are attended together: [B, kv_heads, groups, D], as the eager path does
+    queries = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+    keys = _read_blocks(cache_k, meta.block_table).to(q.dtype)
+    values = _read_blocks(cache_v, meta.block_table).to(q.dtype)
+    attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.key_mask, scale=scaling)
+    return attended.reshape(batch, heads, head_dim).unsqueeze(0)
+
+
+def _read_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """``[B, kv_heads, W * block_size, D]``: each row's ``W`` blocks, in table order."""
+    blocks = cache[block_table]  # [B, W, block_size, kv_heads, D]
+    return blocks.flatten(1, 2).transpose(1, 2)
+
+
+def _flash_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, meta: GraphDecodeMetadata,
+                  scaling: float | None) -> torch.Tensor:
+    from flash_attn import flash_attn_with_kvcache
+
+    out = flash_attn_with_kvcache(q.unsqueeze(1), cache_k, cache_v, cache_seqlens=meta.context_lengths,
+                                  block_table=meta.block_table, softmax_scale=scaling, causal=True)
+    return out.transpose(0, 1)  # [B, 1, H, D] -> [1, B, H, D]
+
