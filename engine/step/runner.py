@@ -24,7 +24,9 @@ class ModelRunner:
         self.backend = backend
         self.sampler = Sampler()
         # the fastest forward pass that computes this model: native CPU kernels, the lean decoder, or transformers
-        self.lean = native_decoder_for(model, device, self.dtype) or lean_decoder_for(model)
+        # (FlexAttention replaces the native kernels' attention, so it runs through the lean decoder)
+        native = native_decoder_for(model, device, self.dtype) if backend != "flex" else None
+        self.lean = native or lean_decoder_for(model)
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk]) -> list[int]:
