@@ -53,7 +53,6 @@ class FlexCall:
     output_rows: torch.Tensor | None  # rows of the result that are real tokens (None: the first ones, in order)
     tokens: torch.Tensor | None  # where those rows go in the step's output (None: the whole step, in order)
     count: int  # the step's tokens this call computes
-    rows: list[list[int]]  # per block-mask row, its physical blocks in logical order (for checks)
 
 
 @dataclass(slots=True)
@@ -169,7 +168,7 @@ def _decode_call(slices, tables, chosen, logical, shape: _Shape, total: int) -> 
 
     block_mask = _block_mask(rows, shape, mask_mod, query_length=1, batched=True)
     return FlexCall(block_mask, True, _index_unless_identity(query_index, total, shape.device), None,
-                    _index_unless_identity(tokens, total, shape.device), len(tokens), [row.table for row in rows])
+                    _index_unless_identity(tokens, total, shape.device), len(tokens))
 
 
 def _prefill_call(slices, tables, chosen, logical, shape: _Shape, total: int) -> FlexCall:
@@ -208,7 +207,7 @@ def _prefill_call(slices, tables, chosen, logical, shape: _Shape, total: int) ->
     block_mask = _block_mask(rows, shape, mask_mod, query_length=len(query_index), batched=False)
     return FlexCall(block_mask, False, _index_unless_identity(query_index, total, shape.device),
                     None if in_order else _long(output_rows, shape.device),
-                    _index_unless_identity(tokens, total, shape.device), len(tokens), [row.table for row in rows])
+                    _index_unless_identity(tokens, total, shape.device), len(tokens))
 
 
 def _membership(rows: list[_Row], shape: _Shape) -> torch.Tensor:
