@@ -18,14 +18,19 @@ as Python lists moved in one copy each, with no wait for the device.
 Compilation (FlexAttention is only fast compiled). On CUDA the calls run through ``torch.compile`` (triton
 kernels; the flex-decoding kernel for the decode call), with static shapes bucketed so that recompiles stay
 bounded: the decode batch padded to a power of two, the prefill row to a power of two of query blocks, the
-block-mask width and membership tables as wide as the pool. On the CPU, measured on a 2-core machine with
-torch 2.13 (a 64-block pool of 16 tokens, 4 heads over 2 KV heads, head size 32): compiled with static shapes
-the first call takes 25 s and each new shape another 4 s before calls drop to 0.3-5 ms; ``dynamic=True``
-compiles in 7 s but the C++ template then fails to build for a batch of one (``cur_qSplitSize8`` undeclared).
-Uncompiled, ``flex_attention`` still traces through dynamo (2.6 s for the first call, 0.3-0.7 s for the next
-shapes, then 10-90 ms a call) and materialises the scores of every query against every key it is given. So
-on the CPU the torch path stays the default, and ``attention_backend="flex"`` runs uncompiled there over the
-pool's used prefix (up to the highest block the step reads), a reference path for checks with small pools.
+block-mask width and membership tables as wide as the pool. Measured on the CPU with
+``python -m engine.tools.flex_timing [--compiled]`` (2 cores, torch 2.13, one layer of SmolLM2-135M's attention
+shape, 9 heads over 3 KV heads of 64, over a 4,096-token pool of scattered blocks):
+
+- compiled (the CPU's C++ template, static shapes): the first call 10 s and each new bucket 4.4-6.6 s with a
+  cold inductor cache (4.3 s and 0.25-0.9 s once inductor's on-disk cache holds the kernels), then 11-24 ms a
+  call, against 0.2-2.6 ms for the torch path on the same steps; ``dynamic=True`` compiles once but its C++
+  fails to build for a batch of one (``cur_qSplitSize8`` undeclared);
+- uncompiled: ``flex_attention`` still traces through dynamo (about 0.5 s for each new shape) and materialises
+  the scores of every query against every key it is given: 210-1,270 ms a call.
+
+So on the CPU the torch path stays the default, and ``attention_backend="flex"`` runs uncompiled there over the
+pool's used prefix (up to the highest block the step reads): a reference path, for checks with small pools.
 """
 
 from __future__ import annotations

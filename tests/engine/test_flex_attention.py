@@ -275,3 +275,14 @@ def test_flex_runs_with_the_native_kernels_off(tiny_model_dirs):
     prompts = ["a prompt for a quantised model, long enough to fill a block", "a prompt for a quantised one"]
     for got, want in zip(first_token_logits(flex, prompts), first_token_logits(native, prompts)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_timing_tool_prints_one_line_per_step(monkeypatch, capsys):
+    from engine.tools import flex_timing
+
+    monkeypatch.setattr(flex_timing, "PLAN", [(3, 0), (1, 20)])
+    monkeypatch.setattr(flex_timing, "NUM_BLOCKS", 64)
+    assert flex_timing.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in lines] == [" 3 decoding", " 1 decoding"]
+    assert all("flex" in line and "torch path" in line and " ms" in line for line in lines)
