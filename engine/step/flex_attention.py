@@ -46,6 +46,7 @@ from .transfer import to_device
 FLEX_CUDA_BLOCK_SIZE = 64  # KV block size on CUDA: the triton kernels' BLOCK_N (64) must divide it
 COMPILED_QUERY_BLOCK = 128  # query block of the compiled kernels: their BLOCK_M (64 or 128) must divide it
 EAGER_QUERY_BLOCK = 16  # uncompiled, every padded query costs a row of scores over the whole pool
+RECOMPILE_LIMIT = 64
 
 
 @dataclass(slots=True)
@@ -107,6 +108,18 @@ def flex_block_size(block_size: int, device: torch.device) -> int:
     if device.type == "cuda" and block_size % FLEX_CUDA_BLOCK_SIZE:
         return FLEX_CUDA_BLOCK_SIZE * -(-block_size // FLEX_CUDA_BLOCK_SIZE)
     return block_size
+
+
+def flex_compile_failures() -> tuple[type[BaseException], ...]:
+    """The exceptions a failed ``torch.compile`` of the flex kernels raises (dynamo's and inductor's, which wraps
+    triton's); the runner then redoes the step on the torch path."""
+    return (torch._dynamo.exc.TorchDynamoException,)
+
+
+def compile_failure_reason(exc: BaseException) -> str:
+    """The stats' line for a flex backend that could not compile here."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"FlexAttention failed to compile here, so the torch path runs ({exc.__class__.__name__}: {first[:200]})"
 
 
 # -- per-step metadata -----------------------------------------------------------------------------
@@ -310,17 +323,37 @@ def _as_one_sequence(cache: torch.Tensor, tokens: int) -> torch.Tensor:
 
 
 def _eager_flex_attention():
+    """``flex_attention`` uncompiled; it still traces each new shape through dynamo (an eager backend)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention
+    _allow_recompiles()
+    return _with_static_scale(flex_attention)
 
 
 @functools.cache
 def _compiled_flex_attention():
-    """``flex_attention`` compiled once per process; each bucketed shape is one more graph, so the recompile
-    limit is raised to hold them (a dozen or so: decode batches and prefill rows in powers of two)."""
+    """``flex_attention`` compiled once per process, with static shapes (each bucket one more graph)."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    _allow_recompiles()
+    return _with_static_scale(torch.compile(flex_attention, dynamic=False, fullgraph=True))
+
+
+def _with_static_scale(attend):
+    """``attend`` with the softmax scale traced as a constant: a scale that changed (another model loaded) would
+    otherwise become a graph input read back with ``.item()``, a wait on every call."""
+
+    def attend_with_static_scale(*args, **kwargs):
+        with torch._dynamo.config.patch(specialize_float=True):
+            return attend(*args, **kwargs)
+
+    return attend_with_static_scale
+
+
+@functools.cache
+def _allow_recompiles() -> None:
+    """Raise dynamo's recompile limit (8 graphs per function) to hold every shape a process meets: the
+    buckets of decode batches and prefill rows, per model (head sizes are static). Past the limit dynamo stops
+    tracing and runs flex_attention's Python reference unrolled, which is slower and waits on values."""
     config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, 64)
-    return torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
 from .attention import SequenceSlice, build_metadata
+from .flex_attention import compile_failure_reason, flex_compile_failures
 from .lean_decoder import lean_decoder_for
 from .native_decoder import native_decoder_for
 from .sampler import Sampler, SamplingRow
 from .transfer import to_device
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -22,6 +27,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.backend = backend
+        self.fallback_reason: str | None = None  # why the flex backend gave way to the torch path, if it did
         self.sampler = Sampler()
         # the fastest forward pass that computes this model: native CPU kernels, the lean decoder, or transformers
         # (FlexAttention replaces the native kernels' attention, so it runs through the lean decoder)
@@ -32,15 +38,27 @@ class ModelRunner:
     def run(self, chunks: list[Chunk]) -> list[int]:
         """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
         input_ids, slices, sample_index = self._pack(chunks)
-        meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
         input_ids = to_device(input_ids, self.device)
         sample_index = to_device(sample_index, self.device)
-        logits = self.lean(input_ids, meta, sample_index) if self.lean else self._transformers_forward(
-            input_ids, meta, sample_index)
+        try:
+            logits = self._forward(input_ids, slices, sample_index)
+        except flex_compile_failures() as exc:
+            if self.backend != "flex":
+                raise
+            # the step's cache writes are the same when it runs again, so the torch path can simply redo it
+            self.backend, self.fallback_reason = "torch", compile_failure_reason(exc)
+            log.warning("%s", self.fallback_reason)
+            logits = self._forward(input_ids, slices, sample_index)
         rows = [
             SamplingRow(c.seq.params, c.seq.token_ids, c.seq.num_output_tokens) for c in chunks if c.samples
         ]
         return self.sampler(logits, rows) if rows else []
+
+    def _forward(self, input_ids, slices, sample_index) -> torch.Tensor:
+        meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
+        if self.lean:
+            return self.lean(input_ids, meta, sample_index)
+        return self._transformers_forward(input_ids, meta, sample_index)
 
     def _transformers_forward(self, input_ids, meta, sample_index) -> torch.Tensor:
         return self.model(

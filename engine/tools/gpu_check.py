@@ -34,6 +34,7 @@ MID = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_a
            num_key_value_heads=8)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, rope_theta=500000.0)
+SHAPES = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,18 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with tempfile.TemporaryDirectory() as folder:
             tokenizer = args.carry / "tokenizer"
-            tiny = build_model(Path(folder) / "tiny", TINY, tokenizer)
+            built: dict[str, Path] = {}
+
+            def model(size: str) -> Path:  # each size built once, inside the part that first needs it
+                if size not in built:
+                    built[size] = build_model(Path(folder) / size, SHAPES[size], tokenizer)
+                return built[size]
+
+            tiny = model("tiny")
             part("parity_float32", lambda: parity_float32(tiny, args.device))
             part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, args.device))
             part("syncs_per_step", lambda: syncs_per_step(tiny, args.device))
             part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, args.device))
-            flex_model = build_model(Path(folder) / "flex", MID, tokenizer) if args.device == "cuda" else tiny
-            part("flex_vs_torch", lambda: flex_vs_torch(flex_model, args.device))
+            part("flex_vs_torch", lambda: flex_vs_torch(model("mid" if args.device == "cuda" else "tiny"), args.device))
             sizes = args.sizes or ("tiny,mid,llama3-8b" if args.device == "cuda" else "tiny")
             for size in sizes.split(","):
-                shape = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}[size]
-                part(f"decode_{size}", lambda shape=shape, size=size: decode_speed(
-                    build_model(Path(folder) / size, shape, tokenizer), args.device))
+                part(f"decode_{size}", lambda size=size: decode_speed(model(size), args.device))
     report["failed"] = failed
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2, default=str))

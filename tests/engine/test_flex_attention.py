@@ -197,7 +197,9 @@ def test_preempted_requests_match_the_torch_path(tiny_llama):
 
 def test_each_step_waits_at_most_once(tiny_llama, sync_counter):  # noqa: F811
     """Counted on a second run of the same requests: the first traces each new shape through dynamo, whose
-    tracing (on fake tensors, no device involved) calls the counted methods."""
+    tracing (on fake tensors, no device involved) calls the counted methods. A layer with another softmax scale
+    runs first: a scale that changes must not turn into a value read back on every call."""
+    run_layer(compiled=False)
     engine = Engine(EngineConfig(model=str(tiny_llama), quantization="none", num_kv_blocks=32,
                                  max_num_batched_tokens=32, attention_backend="flex"))
     prompts = ("a prompt long enough to be cut into chunks " * 3, "hi", "another one, of middling length")
@@ -286,3 +288,29 @@ def test_timing_tool_prints_one_line_per_step(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(",")[0] for line in lines] == [" 3 decoding", " 1 decoding"]
     assert all("flex" in line and "torch path" in line and " ms" in line for line in lines)
+
+
+def test_a_kernel_that_fails_to_compile_gives_way_to_the_torch_path(tiny_llama, monkeypatch):
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        raise torch._dynamo.exc.TorchDynamoException("triton: out of shared memory\nmore lines of trace")
+
+    monkeypatch.setattr(attention, "flex_paged_attention", failing)
+    settings = dict(model=str(tiny_llama), quantization="none", num_kv_blocks=16)
+    engine = Engine(EngineConfig(**settings, attention_backend="flex"))
+    prompts = ["a first prompt", "and a second, a little longer"]
+    got = [o.token_ids for o in engine.generate(prompts, GREEDY)]
+    stats = engine.stats()
+    assert stats.attention_backend == "torch" and len(calls) == 1
+    assert stats.attention_reason == ("FlexAttention failed to compile here, so the torch path runs "
+                                      "(TorchDynamoException: triton: out of shared memory)")
+    plain = Engine(EngineConfig(**settings, attention_backend="torch"))
+    assert got == [o.token_ids for o in plain.generate(prompts, GREEDY)]
+
+
+def test_cuda_blocks_are_a_multiple_of_the_kernels_tile():
+    cuda = torch.device("cuda")
+    assert [flex_attention.flex_block_size(n, cuda) for n in (16, 64, 100, 256)] == [64, 64, 128, 256]
+    assert flex_attention.flex_block_size(16, CPU) == 16
