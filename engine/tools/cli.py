@@ -10,6 +10,7 @@ import sys
 from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
 from ..sampling_params import SamplingParams
+from ..step.attention_backend import ATTENTION_BACKENDS
 
 
 def engine_args(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +22,8 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--kv-blocks", type=int, default=None, help="size of the KV pool in blocks")
+    parser.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS,
+                        help="auto: on CUDA flash-attn, else FlexAttention, else torch; torch on the CPU")
 
 
 def sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -129,6 +132,7 @@ def config_from(args) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         num_kv_blocks=args.kv_blocks,
+        attention_backend=args.attention,
     )
 
 

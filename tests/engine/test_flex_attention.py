@@ -314,3 +314,13 @@ def test_cuda_blocks_are_a_multiple_of_the_kernels_tile():
     cuda = torch.device("cuda")
     assert [flex_attention.flex_block_size(n, cuda) for n in (16, 64, 100, 256)] == [64, 64, 128, 256]
     assert flex_attention.flex_block_size(16, CPU) == 16
+
+
+def test_the_command_line_asks_for_a_backend(tiny_llama):
+    from engine.tools import cli
+
+    args = cli.build_parser().parse_args(["generate", "--model", str(tiny_llama), "--attention", "flex", "hi"])
+    assert cli.config_from(args).attention_backend == "flex"
+    assert cli.config_from(cli.build_parser().parse_args(["generate", "hi"])).attention_backend == "auto"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["generate", "--attention", "fast", "hi"])
