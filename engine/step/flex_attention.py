@@ -75,13 +75,14 @@ class FlexMetadata:
 class _Row:
     """One block-mask row: a decode sequence, or one query block of a prefill chunk."""
 
-    table: list[int]  # the sequence's blocks that hold keys up to its last query
+    table: list[int]  # the sequence's blocks, up to the one holding its last new token
     first: int  # position of the row's first query
     last: int  # position of the row's last query
 
 
 def flex_problem(device: torch.device) -> str | None:
-    """Why FlexAttention can't run compiled on ``device`` with this torch (None when it can)."""
+    """Why the flex backend can't run on ``device`` with this torch (None when it can): compiled on CUDA, which
+    needs triton; uncompiled on the CPU, which still traces through dynamo."""
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except ImportError:

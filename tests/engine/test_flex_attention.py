@@ -83,13 +83,16 @@ def test_one_layer_matches_attention_by_hand():
     assert_matches_by_hand(out, slices, queries, sequences)
 
 
-def test_a_wrong_mask_would_show():
-    """The check above can fail: the same step with one sequence's table swapped reads other keys."""
+def test_the_comparison_catches_a_wrong_logical_map(monkeypatch):
+    """The check above can fail: with every block mapped to logical block 0, keys are hidden or misplaced."""
+    def all_first(tables, num_blocks, device):
+        return torch.zeros(num_blocks + 1, dtype=torch.int32)
+
+    monkeypatch.setattr(flex_attention, "_logical_positions", all_first)
     out, _, slices, queries, sequences = run_layer(compiled=False)
-    keys, values = sequences[0]
-    wrong = keys.clone()
-    wrong[:4] = sequences[4][0][:4]  # what sequence 0 would see through sequence 4's first block
-    assert not torch.allclose(out[0:1], by_hand(queries[0], wrong, values), atol=1e-3)
+    wrong = [not torch.allclose(out[s.offset : s.offset + s.end - s.start], by_hand(q, k, v), atol=1e-3)
+             for s, q, (k, v) in zip(slices, queries, sequences)]
+    assert wrong == [True, True, True, True, True]
 
 
 def test_block_mask_rows_are_the_block_tables():
