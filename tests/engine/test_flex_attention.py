@@ -19,7 +19,7 @@ from tests.engine.test_step_syncs import sync_counter  # noqa: F401  (a fixture)
 
 HEADS, KV_HEADS, DIM, BS = 4, 2, 8, 4
 CPU = torch.device("cpu")
-GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 
 
 # -- one layer against attention computed by hand ---------------------------------------------------
@@ -189,8 +189,8 @@ def test_greedy_tokens_match_the_torch_path(tiny_model_dirs, arch, monkeypatch):
 
 def test_preempted_requests_match_the_torch_path(tiny_llama):
     settings = dict(model=str(tiny_llama), quantization="none", num_kv_blocks=12, block_size=16)
-    prompts = [list(range(100 + 7 * i, 160 + 7 * i)) for i in range(4)]  # 4 x (60 + 24) tokens > 12 blocks
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(100 + 7 * i, 160 + 7 * i)) for i in range(4)]  # 4 x (60 + 12) tokens > 12 blocks
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     flex = Engine(EngineConfig(**settings, attention_backend="flex"))
     got = [o.token_ids for o in flex.generate(prompts, params)]
     assert flex.stats().num_preempted_total > 0
