@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .step.attention_backend import ATTENTION_BACKENDS
+
 # int8 / nf4 / fp4: bitsandbytes; int4 / w8: packed weight-only layers (engine/step/block_linear.py on the CPU,
 # engine/step/packed_linear.py on CUDA)
 QUANTIZATIONS = ("auto", "none", "int4", "w8", "int8", "nf4", "fp4")
@@ -50,7 +52,7 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
-        if self.attention_backend not in ("auto", "torch", "flash_attn"):
-            raise ValueError("attention_backend must be 'auto', 'torch' or 'flash_attn'")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, not {self.attention_backend!r}")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, not {self.cuda_graphs!r}")

@@ -18,7 +18,9 @@ from ..models.loader import LoadedModel, Progress, load_model
 from ..models.memory import return_freed_memory
 from ..sampling_params import SamplingParams
 from ..step import attention, cuda_graphs
+from ..step.attention_backend import choose_backend
 from ..step.detokenizer import IncrementalDetokenizer
+from ..step.flex_attention import flex_block_size, flex_problem
 from ..step.runner import ModelRunner
 from .block_manager import BlockManager
 from .gpu_usage import GpuMonitor
@@ -58,6 +60,8 @@ class Engine:
         block_size = config.block_size
         if self.attention_backend == "flash_attn" and block_size % attention.FLASH_BLOCK_SIZE:
             block_size = attention.FLASH_BLOCK_SIZE
+        elif self.attention_backend == "flex":
+            block_size = flex_block_size(block_size, self.device)
         self.block_size = block_size
         self.loaded: LoadedModel = load_model(config, self.device, attention.register(), progress)
         self.tokenizer = self.loaded.tokenizer
@@ -260,8 +264,8 @@ class Engine:
             device_reason=self.device_reason,
             dtype=str(self.loaded.dtype).removeprefix("torch."),
             quantization=self.loaded.quantization,
-            attention_backend=self.attention_backend,
-            attention_reason=self.attention_reason,
+            attention_backend=self.runner.backend,
+            attention_reason=self.runner.fallback_reason or self.attention_reason,
             model_name=self.loaded.source.name,
             model_memory_bytes=self.loaded.memory_bytes,
             peak_load_bytes=self.loaded.peak_load_bytes,
@@ -329,27 +333,21 @@ class Engine:
     # -- internals ----------------------------------------------------------------------------------
 
     def _pick_backend(self) -> tuple[str, str]:
-        """The attention backend for this model on this device, and why."""
-        wanted = self.config.attention_backend
-        if wanted == "torch" or self.device.type != "cuda":
-            if wanted == "flash_attn":
-                raise ValueError("the flash_attn backend needs a CUDA device")
-            return "torch", "chosen in the settings" if wanted == "torch" else "flash-attn runs on CUDA only"
+        """The attention backend for this model on this device, and why (see :func:`choose_backend`)."""
+        wanted, on_cuda = self.config.attention_backend, self.device.type == "cuda"
+        flash = self._flash_attn_problem() if on_cuda and wanted in ("auto", "flash_attn") else None
+        return choose_backend(wanted, on_cuda, flash, flex_problem(self.device))
+
+    def _flash_attn_problem(self) -> str | None:
+        """Why flash-attn's kernel can't run this model on this GPU (None when it can)."""
         if not attention.flash_attn_available():
-            if wanted == "flash_attn":
-                raise ValueError("attention_backend='flash_attn' was asked for, but flash-attn is not importable")
-            return "torch", "flash-attn is not installed"
+            return "flash-attn is not installed"
         from ..models.model_info import read_model_info
         from ..models.sources import resolve_source
 
         head_dim = read_model_info(resolve_source(self.config.model)).head_dim
         dtype = resolve_dtype(self.config.dtype, self.device)
-        problem = attention.flash_attn_problem(dtype, torch.cuda.get_device_capability(self.device), head_dim)
-        if problem is None:
-            return "flash_attn", "flash-attn's paged kernel"
-        if wanted == "flash_attn":
-            raise ValueError(f"attention_backend='flash_attn' was asked for, but {problem}")
-        return "torch", problem
+        return attention.flash_attn_problem(dtype, torch.cuda.get_device_capability(self.device), head_dim)
 
     def _num_kv_blocks(self, shape: KVShape) -> int:
         """The cache's size by the one rule (:func:`kv_cache_blocks`); on a GPU from the memory left once a

@@ -16,6 +16,7 @@ from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 
 from ..serving.kv_cache import KVCache
+from .flex_attention import FlexMetadata, build_flex_metadata, flex_paged_attention
 from .transfer import to_device
 
 ATTENTION_NAME = "kvasir_paged"
@@ -92,6 +93,7 @@ class StepMetadata:
     decode: GroupMetadata | None = None  # sequences with one new token
     prefill: GroupMetadata | None = None  # sequences with several new tokens
     flash: FlashMetadata | None = None
+    flex: FlexMetadata | None = None
 
 
 @dataclass(slots=True)
@@ -109,11 +111,14 @@ def build_metadata(
 ) -> StepMetadata:
     """Build the step's metadata on the CPU, then move it to ``device`` once."""
     block_size = kv_cache.block_size
-    tables = _padded_block_tables(slices)
     positions = [p for s in slices for p in range(s.start, s.end)]
     slots = [s.block_table[p // block_size] * block_size + p % block_size
              for s in slices for p in range(s.start, s.end)]
     meta = StepMetadata(kv_cache, to_device(torch.tensor(positions), device), to_device(torch.tensor(slots), device))
+    if backend == "flex":
+        meta.flex = build_flex_metadata(slices, block_size, kv_cache.num_blocks, device)
+        return meta
+    tables = _padded_block_tables(slices)
     if backend == "flash_attn":
         meta.flash = _flash_metadata(slices, tables, device)
         return meta
@@ -202,6 +207,8 @@ def paged_attention(
     q = query[0].transpose(0, 1)  # [T, H, D]
     if kvasir.flash is not None:
         out = _flash_attention(q, kvasir.kv_cache, layer, kvasir.flash, scaling)
+    elif kvasir.flex is not None:
+        out = flex_paged_attention(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], kvasir.flex, scaling)
     else:
         keys, values = kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer]
         decode, prefill = kvasir.decode, kvasir.prefill

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
 from .attention import SequenceSlice, build_metadata
 from .cuda_graphs import DecodeGraphs, GraphLimits
+from .flex_attention import compile_failure_reason, flex_compile_failures
 from .lean_decoder import LeanDecoder, lean_decoder_for
 from .native_decoder import native_decoder_for
 from .sampler import Sampler, SamplingRow
 from .transfer import to_device
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -24,9 +29,12 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.backend = backend
+        self.fallback_reason: str | None = None  # why the flex backend gave way to the torch path, if it did
         self.sampler = Sampler()
         # the fastest forward pass that computes this model: native CPU kernels, the lean decoder, or transformers
-        self.lean = native_decoder_for(model, device, self.dtype) or lean_decoder_for(model)
+        # (FlexAttention replaces the native kernels' attention, so it runs through the lean decoder)
+        native = native_decoder_for(model, device, self.dtype) if backend != "flex" else None
+        self.lean = native or lean_decoder_for(model)
         # decode steps from CUDA graphs, where the engine asked for them (it reserved the scratch block they need)
         self.graphs: DecodeGraphs | None = None
         if graph_limits is not None and isinstance(self.lean, LeanDecoder):
@@ -45,11 +53,17 @@ class ModelRunner:
         if logits is not None:
             return self._sample(logits, chunks)
         input_ids, slices, sample_index = self._pack(chunks)
-        meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
         input_ids = to_device(input_ids, self.device)
         sample_index = to_device(sample_index, self.device)
-        logits = self.lean(input_ids, meta, sample_index) if self.lean else self._transformers_forward(
-            input_ids, meta, sample_index)
+        try:
+            logits = self._forward(input_ids, slices, sample_index)
+        except flex_compile_failures() as exc:
+            if self.backend != "flex":
+                raise
+            # the step's cache writes are the same when it runs again, so the torch path can simply redo it
+            self.backend, self.fallback_reason = "torch", compile_failure_reason(exc)
+            log.warning("%s", self.fallback_reason)
+            logits = self._forward(input_ids, slices, sample_index)
         return self._sample(logits, chunks)
 
     def _sample(self, logits: torch.Tensor, chunks: list[Chunk]) -> list[int]:
@@ -57,6 +71,12 @@ class ModelRunner:
             SamplingRow(c.seq.params, c.seq.token_ids, c.seq.num_output_tokens) for c in chunks if c.samples
         ]
         return self.sampler(logits, rows) if rows else []
+
+    def _forward(self, input_ids, slices, sample_index) -> torch.Tensor:
+        meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
+        if self.lean:
+            return self.lean(input_ids, meta, sample_index)
+        return self._transformers_forward(input_ids, meta, sample_index)
 
     def _transformers_forward(self, input_ids, meta, sample_index) -> torch.Tensor:
         return self.model(

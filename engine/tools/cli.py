@@ -10,6 +10,7 @@ import sys
 from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
 from ..sampling_params import SamplingParams
+from ..step.attention_backend import ATTENTION_BACKENDS
 
 
 def engine_args(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,8 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-blocks", type=int, default=None, help="size of the KV pool in blocks")
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="run every step eagerly on a GPU (decode steps replay from CUDA graphs by default)")
+    parser.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS,
+                        help="auto: flash-attn on CUDA where it can run the model, else torch; flex when asked for")
 
 
 def sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +135,7 @@ def config_from(args) -> EngineConfig:
         device=args.device,
         num_kv_blocks=args.kv_blocks,
         cuda_graphs=args.cuda_graphs,
+        attention_backend=args.attention,
     )
 
 

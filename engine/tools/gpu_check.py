@@ -5,8 +5,9 @@
 part on its own so one failure does not hide the rest: versions and the device probes with their own errors;
 greedy parity with transformers' ``generate`` in float32; bfloat16 against float32; the calls per step that
 wait for the device; the KV cache's default size and the memory held after two model switches; greedy replies
-with CUDA graphs against without; decode tok/s at 1, 16 and 64 chats per quantisation, with CUDA graphs and
-without, against the memory-bandwidth bound.
+with CUDA graphs against without; the FlexAttention backend against the torch path (logits over chunked
+prefill and a prefix hit, decode tok/s at 16 chats); decode tok/s at 1, 16 and 64 chats per quantisation, with
+CUDA graphs and without, against the memory-bandwidth bound.
 Everything goes to ``DIR/gpu-check.json``; the exit status is 1 when any part failed, or when ``--device cuda``
 finds no usable GPU (a machine that claims one must not pass by skipping).
 
@@ -34,6 +35,7 @@ MID = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_a
            num_key_value_heads=8)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, rope_theta=500000.0)
+SHAPES = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,17 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with tempfile.TemporaryDirectory() as folder:
             tokenizer = args.carry / "tokenizer"
-            tiny = build_model(Path(folder) / "tiny", TINY, tokenizer)
+            built: dict[str, Path] = {}
+
+            def model(size: str) -> Path:  # each size built once, inside the part that first needs it
+                if size not in built:
+                    built[size] = build_model(Path(folder) / size, SHAPES[size], tokenizer)
+                return built[size]
+
+            tiny = model("tiny")
             part("parity_float32", lambda: parity_float32(tiny, args.device))
             part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, args.device))
             part("syncs_per_step", lambda: syncs_per_step(tiny, args.device))
             part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, args.device))
             part("graphs_parity", lambda: graphs_parity(tiny, args.device))
+            part("flex_vs_torch", lambda: flex_vs_torch(model("mid" if args.device == "cuda" else "tiny"), args.device))
             sizes = args.sizes or ("tiny,mid,llama3-8b" if args.device == "cuda" else "tiny")
             for size in sizes.split(","):
-                shape = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}[size]
-                part(f"decode_{size}", lambda shape=shape, size=size: decode_speed(
-                    build_model(Path(folder) / size, shape, tokenizer), args.device))
+                part(f"decode_{size}", lambda size=size: decode_speed(model(size), args.device))
     report["failed"] = failed
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2, default=str))
@@ -185,6 +193,55 @@ def first_token_logits(engine, prompts: list[str]) -> list[torch.Tensor]:
     finally:
         engine.runner.sampler = sampler
     return recorded
+
+
+# the flex check: a prompt long enough for several prefill chunks, and decode at 16 chats of some context
+FLEX_SHAPES = {"cuda": dict(prompt_words=2400, chunk=512, context=2048, new_tokens=64),
+               "cpu": dict(prompt_words=240, chunk=64, context=64, new_tokens=8)}
+
+
+def flex_vs_torch(model: Path, device: str) -> dict:
+    """The FlexAttention backend against the torch path: first-token logits for a long prompt prefilled in
+    chunks, then (after an unrelated request took the next blocks) the same prompt with a new ending, a prefix
+    hit on blocks that are not consecutive, within the bfloat16 tolerance; and decode tok/s at 16 chats on
+    each, timed after a warm-up run (which on CUDA compiles the flex kernels). On the CPU flex runs uncompiled."""
+    from ..serving.warmup import release_cached_memory
+    from .bench import kvasir_load
+    from .evaluation import eval_text
+
+    shape = FLEX_SHAPES[device]
+    words = eval_text().split()
+    long = " ".join(words[: shape["prompt_words"]])
+    prompts = [long, " ".join(words[-200:]), long + " What happens next, in one sentence?"]
+    settings = dict(dtype="bfloat16" if device == "cuda" else "float32", quantization="none",
+                    max_num_batched_tokens=shape["chunk"], **({} if device == "cuda" else {"num_kv_blocks": 96}))
+    logits, speed, stats = {}, {}, {}
+    for backend in ("flex", "torch"):
+        engine = _engine(model, device, attention_backend=backend, **settings)
+        logits[backend] = first_token_logits(engine, prompts)
+        text_ids = engine.tokenizer.encode(eval_text(), add_special_tokens=False)
+        chats = [[text_ids[(salt * 16 + i) * 97 % (len(text_ids) - shape["context"]) + j]
+                  for j in range(shape["context"])] for salt in (1, 2) for i in range(16)]
+        kvasir_load(engine, chats[:16], shape["new_tokens"])  # warm-up: traces (CUDA: compiles) the shapes
+        speed[backend] = round(kvasir_load(engine, chats[16:], shape["new_tokens"]).decode_tokens_per_s or 0.0, 1)
+        stats[backend] = engine.stats()
+        del engine
+        release_cached_memory(torch.device(device))
+    flex = stats["flex"]
+    if flex.attention_backend != "flex":
+        raise AssertionError(f"the flex engine ran {flex.attention_backend} ({flex.attention_reason})")
+    pairs = list(zip(logits["flex"], logits["torch"]))
+    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in pairs]
+    result = {"cosines": cosines, "max_abs_diff": max(float((a - b).abs().max()) for a, b in pairs),
+              "same_argmax": [int(a.argmax()) == int(b.argmax()) for a, b in pairs],
+              "cached_prompt_tokens": stats["flex"].cached_prompt_tokens_total, "block_size": stats["flex"].block_size,
+              "decode_16_chats_tok_s": speed, "flex_over_torch": round(speed["flex"] / max(speed["torch"], 1e-9), 2),
+              "compiled": device == "cuda", "context_tokens": shape["context"]}
+    if min(cosines) < 0.99:
+        raise AssertionError(f"flex logits drift from the torch path's: {result}")
+    if result["cached_prompt_tokens"] == 0:
+        raise AssertionError("the prefix hit did not happen")
+    return result
 
 
 def syncs_per_step(model: Path, device: str) -> dict:

@@ -24,6 +24,9 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, tokenizer_dir):
     assert report["bfloat16_vs_float32"]["cosine"] > 0.99
     sizing = report["kv_sizing_and_switches"]
     assert sizing["kv_blocks"] > 0 and "held_after_switch_to_float32" in sizing
+    flex = report["flex_vs_torch"]
+    assert min(flex["cosines"]) > 0.99 and all(flex["same_argmax"]) and flex["cached_prompt_tokens"] > 0
+    assert flex["compiled"] is False and all(rate > 0 for rate in flex["decode_16_chats_tok_s"].values())
     decode = report["decode_tiny"]
     assert {"none", "int4"} <= decode.keys() and all(decode[m]["64_chats_tok_s"] > 0 for m in ("none", "int4"))
     assert decode["none"]["cuda_graphs"] == 0 and decode["none"]["cuda_graphs_reason"] == "not on the CPU"
