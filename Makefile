@@ -74,7 +74,8 @@ peers: install
 # The CUDA checks as one prepared run for a machine with torch and transformers only (no network, no venv):
 # `make gpu-carry` (here) saves the tokenizer and a trimmed bitsandbytes into build/gpu-carry, which travels;
 # `make gpu-check` there runs engine/tools/gpu_check.py with that machine's python and writes
-# $(GPU_CHECK_OUT)/gpu-check.json. `make gpu-check DEVICE=cpu` runs the same checks here, on the CPU.
+# $(GPU_CHECK_OUT)/gpu-check.json. `make gpu-check DEVICE=cpu` runs the same checks here, on the CPU. The carried
+# packages come first on the path: `engine` imports some of them (psutil, platformdirs) before the check starts.
 DEVICE ?= cuda
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_OUT ?= build/gpu-check
@@ -83,7 +84,8 @@ gpu-carry: install
 
 gpu-check:
 	test -d build/gpu-carry || $(MAKE) gpu-carry
-	$(GPU_PYTHON) -m engine.tools.gpu_check --device $(DEVICE) --carry build/gpu-carry --out $(GPU_CHECK_OUT)
+	PYTHONPATH=build/gpu-carry/site$${PYTHONPATH:+:$$PYTHONPATH} \
+	    $(GPU_PYTHON) -m engine.tools.gpu_check --device $(DEVICE) --carry build/gpu-carry --out $(GPU_CHECK_OUT)
 
 # `make package`: the binaries in dist/ (packaging/README.md): on Linux the tarball and the .deb, built by
 # PyInstaller over this venv's torch; VARIANT=cuda over the CUDA torch where that is the one installed.

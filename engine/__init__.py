@@ -6,12 +6,15 @@ This module is the engine's only door: the app and the checks import from ``engi
 - ``step/``: one forward pass (runner, paged attention), sampling, detokenising, quantised layers
 - ``models/``: model files (sources, GGUF, weight checks, loading, the library, the fit estimate)
 - ``tools/``: the command line, the benchmark, the quantisation evaluation
-- ``api/``: the OpenAI-compatible HTTP endpoint (Starlette + uvicorn)
+- ``api/``: the OpenAI-compatible HTTP endpoint (Starlette + uvicorn, imported when the server is first used,
+  so the engine itself needs torch and transformers only)
 """
 
-from .api import API_SOURCE, ApiConfig, ApiConfigError, ApiServer, ServerStartError
-from .api import DEFAULT_HOST as DEFAULT_API_HOST
-from .api import DEFAULT_PORT as DEFAULT_API_PORT
+from importlib import import_module
+
+from .api.config import API_SOURCE, ApiConfig, ApiConfigError
+from .api.config import DEFAULT_HOST as DEFAULT_API_HOST
+from .api.config import DEFAULT_PORT as DEFAULT_API_PORT
 from .config import AUTO_QUANTIZATION_RULE, DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from .errors import (
     DownloadCancelled,
@@ -84,3 +87,10 @@ __all__ = [
     "hub_repo_options",
     "search_hub",
 ]
+
+
+def __getattr__(name: str):
+    """The API server's classes, imported on first use (they need Starlette and uvicorn)."""
+    if name in ("ApiServer", "ServerStartError"):
+        return getattr(import_module(".api.service", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

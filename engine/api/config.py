@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+API_SOURCE = "api"  # the request origin the live panel shows as an API request
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8400
 API_KEY_ENV = "KVASIR_API_KEY"  # read by `kvasir serve`, so the key need not show in the process list

@@ -25,14 +25,13 @@ from starlette.routing import Route
 from ..errors import EngineDeadError
 from ..serving.async_engine import AsyncEngine, RequestStream
 from ..serving.outputs import RequestOutput
-from .config import ApiConfig
+from .config import API_SOURCE, ApiConfig
 from .errors import ApiError, bad_field, encode, json_response, shown
 from .metrics import prometheus_text
 from .protocol import ApiRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, model_card
 from .security import AccessGuard
 
-API_SOURCE = "api"  # the request origin the live panel shows as an API request
 MAX_BODY_BYTES = 8 * 1024**2  # far more than any context holds; tokenising it must not stall the engine
 EngineSource = Callable[[], AsyncEngine | None]
 

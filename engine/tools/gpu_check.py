@@ -401,8 +401,11 @@ def _copy_bandwidth(device: str) -> float:
 
 def write_carry(folder: Path) -> None:
     """The default model's tokenizer; bitsandbytes' Python files with its CPU and CUDA 13 libraries only; and
-    platformdirs (pure Python; the engine's cache folders) and psutil (memory; its library is abi3, so any
-    Python 3 loads it), which torch and transformers do not bring."""
+    platformdirs (pure Python; the engine's cache folders), psutil (memory; its library is abi3, so any Python 3
+    loads it) and accelerate (pure Python; the loaders build models on ``meta`` with it), which torch and
+    transformers do not bring (accelerate's own needs, numpy, pyyaml, safetensors, huggingface_hub, are
+    transformers' too)."""
+    import accelerate
     import bitsandbytes
     import platformdirs
     import psutil
@@ -417,13 +420,24 @@ def write_carry(folder: Path) -> None:
     shutil.rmtree(target, ignore_errors=True)
     # the lent machine's torch is a CUDA 13 build: bitsandbytes loads libbitsandbytes_cuda13x there
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*rocm*", "*xpu*", "*cuda1[0-2]*"))
-    for package in (platformdirs, psutil):
+    _copy_metadata("bitsandbytes", folder / "site")
+    for package in (platformdirs, psutil, accelerate):
         name = package.__name__
         shutil.rmtree(folder / "site" / name, ignore_errors=True)
         shutil.copytree(Path(package.__file__).parent, folder / "site" / name,
                         ignore=shutil.ignore_patterns("__pycache__", "tests"))
+        _copy_metadata(name, folder / "site")
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     print(f"{folder}: {size / 2**20:.1f} MiB")
+
+
+def _copy_metadata(name: str, site: Path) -> None:
+    """The package's ``.dist-info`` folder: transformers checks the versions of what it uses through it."""
+    from importlib.metadata import distribution
+
+    dist_info = Path(distribution(name)._path)  # the installed .dist-info folder
+    shutil.rmtree(site / dist_info.name, ignore_errors=True)
+    shutil.copytree(dist_info, site / dist_info.name)
 
 
 if __name__ == "__main__":

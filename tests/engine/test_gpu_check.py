@@ -42,3 +42,41 @@ def test_gpu_check_fails_where_cuda_is_claimed_but_absent(tmp_path, tokenizer_di
     report = json.loads((out / "gpu-check.json").read_text())
     assert status == 1 and "no usable CUDA device" in report["failed"]
     assert "no CUDA GPU found" in report["environment"]["error"] or "without CUDA" in report["environment"]["error"]
+
+
+# What the lent GPU machines lack: they have torch and transformers (with their own dependencies) only, and
+# gpu_check carries bitsandbytes, platformdirs, psutil and accelerate. Each of these is a dependency of the app
+# or of the API server, never of the engine itself.
+BARE_MACHINE_LACKS = ("gguf", "PySide6", "qasync", "starlette", "uvicorn", "keyring", "openai", "matplotlib")
+
+BARE_ENGINE_SCRIPT = """
+import importlib.abc, sys
+
+class NotOnTheGpuMachine(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in LACKS:
+            raise ModuleNotFoundError(f"No module named {name!r} (not on the GPU machine)")
+        return None
+
+sys.meta_path.insert(0, NotOnTheGpuMachine())
+import engine.tools.gpu_check
+from engine import Engine, EngineConfig, SamplingParams
+
+for mode in ("none", "int4"):  # a plain load, and the streamed one that builds the model on meta first
+    engine = Engine(EngineConfig(model=MODEL, device="cpu", quantization=mode, num_kv_blocks=8))
+    [reply] = engine.generate(["hello"], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    print(mode, len(reply.token_ids))
+"""
+
+
+def test_the_engine_needs_only_what_the_gpu_check_carries(tiny_llama):
+    """A module-level import of the API server, the app's or the GGUF reader's packages anywhere on the engine's
+    path would stop ``make gpu-check`` on the lent machine before its first part (it once did: the API server's
+    Starlette import)."""
+    import subprocess
+    import sys
+
+    script = f"LACKS = {BARE_MACHINE_LACKS!r}\nMODEL = {str(tiny_llama)!r}\n" + BARE_ENGINE_SCRIPT
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["none", "3", "int4", "3"]
