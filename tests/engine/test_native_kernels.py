@@ -57,6 +57,52 @@ def test_block_linear_equals_its_formula(kind, rows, outputs):
     assert float((got - exact).norm() / exact.norm()) < 0.01
 
 
+def _exact_blocks(kind: str, outputs: int, blocks: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF-ordered ``kind`` blocks and the float64 weights they hold, with power-of-two scales, so that every
+    product and sum the kernel forms is exact in float32."""
+    g = torch.Generator().manual_seed(seed)
+    d = 2.0 ** -torch.randint(2, 5, (outputs, blocks), generator=g).double()
+    if kind == "q8_0":
+        codes = torch.randint(-128, 128, (outputs, blocks, 32), generator=g)  # -128 too: a file may hold it
+        weight = d[..., None] * codes
+        raw = [_as_bytes(d.half()), codes.to(torch.int8).view(torch.uint8)]
+    else:
+        codes = torch.randint(0, 16, (outputs, blocks, 32), generator=g)
+        m = -d * torch.randint(0, 9, (outputs, blocks), generator=g)
+        weight = d[..., None] * codes + m[..., None]
+        scale_type = torch.float16 if kind == "q4_1" else torch.float32
+        nibbles = (codes[..., :16] | (codes[..., 16:] << 4)).to(torch.uint8)
+        raw = [_as_bytes(d.to(scale_type)), _as_bytes(m.to(scale_type)), nibbles]
+    return torch.cat(raw, dim=-1).reshape(outputs, -1), weight.reshape(outputs, -1)
+
+
+def _as_bytes(values: torch.Tensor) -> torch.Tensor:
+    return values.contiguous().view(torch.uint8).reshape(*values.shape, -1)
+
+
+def _exact_activations(rows: int, blocks: int, seed: int) -> torch.Tensor:
+    """Rows whose 8-bit quantisation is exact: integers times a power of two, with +-127 in every block."""
+    g = torch.Generator().manual_seed(seed)
+    ints = torch.randint(-127, 128, (rows, blocks, 32), generator=g)
+    ints[..., 0] = 127 * (torch.randint(0, 2, (rows, blocks), generator=g) * 2 - 1)
+    return (ints * 2.0 ** -torch.randint(1, 4, (rows, 1, 1), generator=g).double()).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q4_1f", "q8_0"])
+@pytest.mark.parametrize("outputs", [40, 21])
+def test_block_linear_is_exact_for_every_row_count(kind, outputs):
+    """Each tile of activation rows (1..8 at once) and their remainders give the integer arithmetic's exact
+    result, for whole and padded groups of eight outputs."""
+    blocks = 5
+    raw, weight = _exact_blocks(kind, outputs, blocks, seed=outputs)
+    layer = BlockQuantLinear.from_blocks(kind, blocks * 32, raw)
+    for rows in [*range(1, 18), 33, 64]:
+        x = _exact_activations(rows, blocks, seed=rows)
+        want = (x @ weight.t()).float()
+        got = layer(x.float())
+        assert torch.equal(got, want), f"{kind}, {rows} rows: off by {float((got - want).abs().max())}"
+
+
 @pytest.mark.parametrize("kind, encode, max_step", [("q4_1", quantize_q4_1, 15), ("q8_0", quantize_q8_0, 254)])
 def test_quantising_float_weights_is_within_half_a_step(kind, encode, max_step):
     torch.manual_seed(0)
