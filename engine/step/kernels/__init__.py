@@ -1,14 +1,14 @@
 """Native CPU kernels for the decode step, built once per machine and torch version.
 
 ``block_quant.cpp`` multiplies activations by GGUF's Q4_1 and Q8_0 blocks as llama.cpp does (activations
-quantised to 8 bits per 32 values, integer dot products, AVX-512 VNNI or AVX2 where the CPU has them); ``layer_ops.cpp`` holds
-the rest of a llama-family layer (RMSNorm, rotary embedding, gated activation, paged decode attention), each
-one pass instead of many dispatched torch operations; ``decode_step.cpp`` runs every layer of a decode step
-in one call. They are compiled with the
-system's C++ compiler against the installed torch into the user cache folder the first time it is needed (about
-half a minute; ``python -m engine.step.kernels`` does it ahead of time, and ``make install`` calls that), then
-loaded in a fraction of a second. Without a compiler the engine keeps torch's own packed kernels
-(:mod:`engine.step.packed_linear`), slower on CPUs without AVX-512, and :func:`status` says why.
+quantised to 8 bits per 32 values, integer dot products, AVX-512 VNNI or AVX2 where the CPU has them: one
+build, a "flavour", for each, see :data:`SIMD_FLAVOURS`); ``layer_ops.cpp`` holds the rest of a llama-family
+layer (RMSNorm, rotary embedding, gated activation, paged decode attention), each one pass instead of many
+dispatched torch operations; ``decode_step.cpp`` runs every layer of a decode step in one call. They are
+compiled with the system's C++ compiler against the installed torch into the user cache folder the first time
+it is needed (about half a minute; ``python -m engine.step.kernels`` does it ahead of time, and ``make install``
+calls that), then loaded in a fraction of a second. Without a compiler the engine keeps torch's own packed
+kernels (:mod:`engine.step.packed_linear`), slower on CPUs without AVX-512, and :func:`status` says why.
 """
 
 from __future__ import annotations
