@@ -73,15 +73,15 @@ def _weights() -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
     return layers, interleave(quantize_q8_0(torch.randn(out, inp) * 0.05), "q8_0")
 
 
-def _pass(ops, layers, head, inputs) -> tuple[float, float]:
+def _pass(ops, layers, head, inputs, clock) -> tuple[float, float]:
     """Seconds for the 30 layers' matrices, and for the head."""
-    start = time.perf_counter()
+    start = clock()
     for layer in layers:
         for name, (inp, out) in SHAPES.items():
             ops.q4_1_linear(inputs[inp], layer[name], inp, out)
-    middle = time.perf_counter()
+    middle = clock()
     ops.q8_0_linear(inputs[HEAD[0]], head, *HEAD)
-    return middle - start, time.perf_counter() - middle
+    return middle - start, clock() - middle
 
 
 def _summary(values: list[float]) -> str:
@@ -99,20 +99,25 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: the process's CPU time, which leaves out time other programs took the cores "
+                             "(with --threads 1, the kernels' own time on a busy machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     b_flags = kernels._simd_flags() if args.b_flags is None else shlex.split(args.b_flags)
     sides = {"A": _build("a", args.base, shlex.split(args.a_flags)), "B": _build("b", None, b_flags)}
-    print(f"A: {args.base} {args.a_flags}\nB: working tree {' '.join(b_flags)}")
+    print(f"A: {args.base} {args.a_flags}\nB: working tree {' '.join(b_flags)}\n"
+          f"{args.threads} threads, {args.clock} clock, {args.repeats} passes each")
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     layers, head = _weights()
     for rows in args.rows:
         inputs = {n: torch.randn(rows, n) for n in (576, 1536)}
         times = {side: ([], []) for side in sides}
         for ops in sides.values():
-            _pass(ops, layers, head, inputs)  # warm up
+            _pass(ops, layers, head, inputs, clock)  # warm up
         for _ in range(args.repeats):
             for side, ops in sides.items():
-                body, top = _pass(ops, layers, head, inputs)
+                body, top = _pass(ops, layers, head, inputs, clock)
                 times[side][0].append(body)
                 times[side][1].append(top)
         for side, (body, top) in times.items():

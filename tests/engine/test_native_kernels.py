@@ -103,6 +103,24 @@ def test_block_linear_is_exact_for_every_row_count(kind, outputs):
         assert torch.equal(got, want), f"{kind}, {rows} rows: off by {float((got - want).abs().max())}"
 
 
+def test_activations_are_rounded_to_8_bits_as_c_rounds():
+    """Through an identity Q8_0 layer each output is d * q: the activation codes themselves, halves rounded away
+    from zero (llama.cpp's roundf), for random values and for exact halves."""
+    features = 64
+    codes = torch.eye(features, dtype=torch.int8).view(torch.uint8).reshape(features, 2, 32)
+    one = torch.ones(features, 2, dtype=torch.float16).view(torch.uint8).reshape(features, 2, 2)
+    identity = BlockQuantLinear.from_blocks("q8_0", features, torch.cat([one, codes], -1).reshape(features, -1))
+    torch.manual_seed(6)
+    halves = (torch.randint(-127, 127, (5, features)) + 0.5) / 8
+    halves[:, ::32] = 127 / 8  # scale 1/8 exactly: every value times 8 is an exact half
+    x = torch.cat([torch.randn(11, features) * torch.rand(11, 1) * 10, halves, torch.zeros(1, features)])
+    blocks = x.reshape(len(x), 2, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros(()))
+    want = (_round_away(blocks * inverse) * d).reshape(len(x), features)
+    assert torch.equal(identity(x), want)
+
+
 @pytest.mark.parametrize("kind, encode, max_step", [("q4_1", quantize_q4_1, 15), ("q8_0", quantize_q8_0, 254)])
 def test_quantising_float_weights_is_within_half_a_step(kind, encode, max_step):
     torch.manual_seed(0)

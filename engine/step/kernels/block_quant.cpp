@@ -71,6 +71,53 @@ inline float scale_value(float f) { return f; }
 
 inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
+#ifdef KVASIR_AVX2
+// C's round() on eight floats: halves away from zero, as the plain loop below rounds. |x| - trunc(|x|) is exact,
+// so comparing it with one half decides exactly (adding 0.5 first would round some values below one half up).
+inline __m256 round_half_away(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256 magnitude = _mm256_andnot_ps(sign, x);
+  const __m256 whole = _mm256_round_ps(magnitude, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 up = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(magnitude, whole), _mm256_set1_ps(0.5f), _CMP_GE_OQ),
+                                  _mm256_set1_ps(1.f));
+  return _mm256_or_ps(_mm256_add_ps(whole, up), _mm256_and_ps(x, sign));
+}
+
+inline float largest(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t total(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// The plain loop's arithmetic, eight values at a time (the same products, the same rounding: the same codes).
+void quantize_row(const float* x, BlockQ8x* out, int64_t blocks) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256 v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + b * kBlock + 8 * j);
+    const __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    const float d = largest(amax) / 127.f;
+    const __m256 inverse = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[j], inverse)));
+    // packing interleaves the 128-bit halves; the permutation puts the 32 codes back in order
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const int32_t sum = total(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(sum);
+    out[b].sum = sum;
+  }
+}
+#else
 void quantize_row(const float* x, BlockQ8x* out, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b) {
     const float* v = x + b * kBlock;
@@ -89,6 +136,7 @@ void quantize_row(const float* x, BlockQ8x* out, int64_t blocks) {
     out[b].sum = sum;
   }
 }
+#endif
 
 // Up to kTile activation rows meet each group of weights while its codes are in registers: eight codes
 // vectors, the scales and one accumulator a row must fit the register file.
@@ -118,6 +166,26 @@ inline void prefetch_ahead(const Group* g) {
   for (size_t line = 0; line < sizeof(Group); line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
 }
 
+#ifdef KVASIR_VNNI
+// start + the dot products of eight rows' 32 unsigned codes with 32 signed activations. Each vpdpbusd waits
+// for the one before (5 cycles); with few rows in a tile there is too little other work to hide that, so the
+// chain is split in two.
+template <int Rows>
+inline __m256i vnni_dots(__m256i start, const __m256i* codes, const int8_t* activations) {
+  if constexpr (Rows < 4) {
+    __m256i other = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k += 2) {
+      start = _mm256_dpbusd_epi32(start, codes[k], four_bytes(activations, k));
+      other = _mm256_dpbusd_epi32(other, codes[k + 1], four_bytes(activations, k + 1));
+    }
+    return _mm256_add_epi32(start, other);
+  } else {
+    for (int k = 0; k < 8; ++k) start = _mm256_dpbusd_epi32(start, codes[k], four_bytes(activations, k));
+    return start;
+  }
+}
+#endif
+
 // out[r][i]: row i of the group times activation row r
 template <typename Group, int Rows>
 void group_q4_1(const Group* w, const BlockQ8x* const* x, int64_t blocks, float (*out)[kGroup]) {
@@ -138,9 +206,7 @@ void group_q4_1(const Group* w, const BlockQ8x* const* x, int64_t blocks, float 
     for (int r = 0; r < Rows; ++r) {
       const BlockQ8x& a = x[r][b];
 #ifdef KVASIR_VNNI
-      __m256i sums = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) sums = _mm256_dpbusd_epi32(sums, codes[k], four_bytes(a.qs, k));
-      const __m256 dots = _mm256_cvtepi32_ps(sums);
+      const __m256 dots = _mm256_cvtepi32_ps(vnni_dots<Rows>(_mm256_setzero_si256(), codes, a.qs));
 #else
       // 16 products per 16-bit lane: at most 16 * 15 * 127 = 30480, so the lanes cannot overflow
       __m256i sums = _mm256_maddubs_epi16(codes[0], four_bytes(a.qs, 0));
@@ -173,8 +239,7 @@ void group_q8_0(const GroupQ8_0* w, const BlockQ8x* const* x, int64_t blocks, fl
     }
     for (int r = 0; r < Rows; ++r) {
       const BlockQ8x& a = x[r][b];
-      __m256i sums = _mm256_set1_epi32(-128 * a.sum);
-      for (int k = 0; k < 8; ++k) sums = _mm256_dpbusd_epi32(sums, offset_codes[k], four_bytes(a.qs, k));
+      const __m256i sums = vnni_dots<Rows>(_mm256_set1_epi32(-128 * a.sum), offset_codes, a.qs);
       acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a.d)), _mm256_cvtepi32_ps(sums), acc[r]);
     }
 #else
