@@ -102,6 +102,21 @@ float exp_shifted(float* row, int64_t n, float top) {
   return total;
 }
 
+#ifdef KVASIR_AVX2
+// out[0 .. 8 * Vectors) = sum over positions of p[pos] * (values[pos] + offset)[0 .. 8 * Vectors), positions in order
+template <int Vectors>
+inline void accumulate_values(const float* p, const float* const* values, int64_t length, int64_t offset, float* out) {
+  __m256 acc[Vectors];
+  for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_setzero_ps();
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const __m256 weight = _mm256_set1_ps(p[pos]);
+    const float* v = values[pos] + offset;
+    for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * u), acc[u]);
+  }
+  for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out + 8 * u, acc[u]);
+}
+#endif
+
 // Softmax(q . k * scale) v for one sequence's query heads of kv heads [first, last): each cached position's
 // keys and values for those heads are one contiguous run, read once for all their query heads.
 struct PagedKV {
@@ -141,14 +156,31 @@ void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, co
     const float inverse = 1.f / exp_shifted(row, length, *std::max_element(row, row + length));
     for (int64_t pos = 0; pos < length; ++pos) row[pos] *= inverse;
   }
-  std::fill(o, o + rows * dim, 0.f);
-  for (int64_t pos = 0; pos < length; ++pos) {
+  int64_t done = 0;  // features of every head already written
+#ifdef KVASIR_AVX2
+  if (dim % 8 == 0) {
+    std::vector<const float*> values(static_cast<size_t>(length));
+    for (int64_t pos = 0; pos < length; ++pos) values[pos] = kv.row(kv.values, table, pos, first);
+    for (int64_t h = 0; h < rows; ++h) {
+      // 64 features of one head's output stay in eight registers while every position adds into them
+      for (int64_t j0 = 0; j0 + 64 <= dim; j0 += 64) {
+        accumulate_values<8>(scores.data() + h * length, values.data(), length, (h / group) * dim + j0, o + h * dim + j0);
+      }
+      for (int64_t j0 = dim / 64 * 64; j0 < dim; j0 += 8) {
+        accumulate_values<1>(scores.data() + h * length, values.data(), length, (h / group) * dim + j0, o + h * dim + j0);
+      }
+    }
+    done = dim;
+  }
+#endif
+  for (int64_t h = 0; h < rows; ++h) std::fill(o + h * dim + done, o + (h + 1) * dim, 0.f);
+  for (int64_t pos = 0; pos < length && done < dim; ++pos) {
     const float* v = kv.row(kv.values, table, pos, first);
     for (int64_t h = 0; h < rows; ++h) {
       const float p = scores[h * length + pos];
       const float* vh = v + (h / group) * dim;
       float* oh = o + h * dim;
-      for (int64_t j = 0; j < dim; ++j) oh[j] += p * vh[j];
+      for (int64_t j = done; j < dim; ++j) oh[j] += p * vh[j];
     }
   }
 }
