@@ -1,6 +1,8 @@
 """The native CPU kernels compute what their torch formulas compute; block layers hold GGUF's blocks exactly."""
 
+import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -23,6 +25,22 @@ pytestmark = pytest.mark.skipif(NO_COMPILER, reason="no C++ compiler to build th
 
 def test_the_kernels_build_and_load():
     assert kernels.available(), kernels.status().detail
+    assert kernels.status().detail == kernels.flavour().name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", [f.name for f in kernels.SIMD_FLAVOURS[1:]])
+def test_the_slower_flavours_compute_the_same(flavour):
+    """The AVX2 and plain C++ builds (what CPUs without AVX-512 VNNI, or without AVX2, run) pass the exactness
+    tests too, each in a process of its own: one build of the kernels loads per process."""
+    if flavour not in [f.name for f in kernels.runnable_flavours()]:
+        pytest.skip(f"this CPU does not run the {flavour} flavour")
+    checks = "build or exact or rounded or equals_its_formula or held_exactly"
+    command = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-k", checks, "-p", "no:cacheprovider"]
+    done = subprocess.run(command, env={**os.environ, kernels.FLAVOUR_ENV: flavour}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "deselected" in done.stdout
 ops = torch.ops.kvasir_kernels
 
 

@@ -1,6 +1,8 @@
 """A packaged app ships the native kernels prebuilt: they are found before the user cache, which a user
 without a compiler could never fill."""
 
+import pytest
+
 from engine.step import kernels
 
 
@@ -28,3 +30,14 @@ def test_the_fastest_flavour_the_cpu_runs_is_chosen(monkeypatch):
         assert kernels.flavour().name == want
     monkeypatch.setattr(kernels.platform, "machine", lambda: "arm64")
     assert kernels.flavour().name == "portable C++"
+
+
+def test_a_flavour_can_be_asked_for_by_name_among_those_the_cpu_runs(monkeypatch):
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "x86_64")
+    avx2_only = {need: True for need in kernels.SIMD_FLAVOURS[1].needs}
+    monkeypatch.setattr(kernels, "_cpu_features", lambda: avx2_only)
+    monkeypatch.setenv(kernels.FLAVOUR_ENV, "portable c++")
+    assert kernels.flavour().name == "portable C++"
+    monkeypatch.setenv(kernels.FLAVOUR_ENV, "AVX-512 VNNI")
+    with pytest.raises(ValueError, match="not one this CPU runs"):
+        kernels.flavour()

@@ -41,6 +41,7 @@ class SimdFlavour:
     needs: tuple[str, ...]
 
 
+FLAVOUR_ENV = "KVASIR_KERNEL_FLAVOUR"
 # best first; the last needs nothing (plain C++)
 SIMD_FLAVOURS = (
     SimdFlavour("AVX-512 VNNI", (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
@@ -80,7 +81,10 @@ def available() -> bool:
 
 def is_ready() -> bool:
     """Whether :func:`status` would answer at once (the kernels are loaded, or known to be unavailable)."""
-    return _status is not None or _library_path(list(flavour().flags)).exists()
+    try:
+        return _status is not None or _library_path(list(flavour().flags)).exists()
+    except ValueError:  # a flavour asked for that this CPU can't run: status() says so at once
+        return True
 
 
 def _load() -> KernelStatus:
@@ -88,10 +92,10 @@ def _load() -> KernelStatus:
         return KernelStatus(False, "turned off by KVASIR_NATIVE_KERNELS=0")
     if sys.platform == "win32":
         return KernelStatus(False, "not built on Windows yet")
-    chosen = flavour()
-    simd = list(chosen.flags)
-    library = _library_path(simd)
     try:
+        chosen = flavour()
+        simd = list(chosen.flags)
+        library = _library_path(simd)
         if not library.exists():
             _build(library, simd)
         torch.ops.load_library(str(library))
@@ -101,11 +105,25 @@ def _load() -> KernelStatus:
 
 
 def flavour() -> SimdFlavour:
-    """The fastest flavour this CPU runs (x86-64 only; elsewhere plain C++)."""
+    """The fastest flavour this CPU runs, or the one named by ``KVASIR_KERNEL_FLAVOUR`` (to compare flavours, or
+    to test the slower ones); ValueError where this CPU can't run that one."""
+    runnable = runnable_flavours()
+    wanted = os.environ.get(FLAVOUR_ENV, "").strip()
+    if not wanted:
+        return runnable[0]
+    for each in runnable:
+        if each.name.lower() == wanted.lower():
+            return each
+    raise ValueError(f"{FLAVOUR_ENV}={wanted!r} is not one this CPU runs "
+                     f"({', '.join(repr(f.name) for f in runnable)})")
+
+
+def runnable_flavours() -> list[SimdFlavour]:
+    """The flavours this CPU runs, fastest first (x86-64 only; elsewhere plain C++)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return SIMD_FLAVOURS[-1]
+        return [SIMD_FLAVOURS[-1]]
     features = _cpu_features()
-    return next(f for f in SIMD_FLAVOURS if all(features.get(need, False) for need in f.needs))
+    return [f for f in SIMD_FLAVOURS if all(features.get(need, False) for need in f.needs)]
 
 
 def _cpu_features() -> dict[str, bool]:
