@@ -3,9 +3,12 @@
 Runs the default model's linear layers (30 layers of fused QKV 576->960, O 576->576, gate-up 576->3072 and
 down 1536->576 in Q4_1, then the 576->49152 Q8_0 output head) at 1, 4, 16 and 64 activation rows, alternating
 A and B pass by pass so that other load on the machine falls on both alike, and prints medians with their
-spread. Each side is compiled under its own op namespace, so both load side by side.
+spread. Each side is compiled under its own op namespace, so both load side by side. On a machine others
+are using, two threads' timings are mostly waits for a preempted thread: ``--threads 1 --clock cpu`` measures
+the kernels' own work.
 
     python bench/kernels_ab.py --base HEAD~1 --rows 1 4 16 64 --repeats 15
+    python bench/kernels_ab.py --base HEAD~1 --threads 1 --clock cpu
 """
 
 from __future__ import annotations
