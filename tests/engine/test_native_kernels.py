@@ -1,6 +1,8 @@
 """The native CPU kernels compute what their torch formulas compute; block layers hold GGUF's blocks exactly."""
 
+import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -23,6 +25,22 @@ pytestmark = pytest.mark.skipif(NO_COMPILER, reason="no C++ compiler to build th
 
 def test_the_kernels_build_and_load():
     assert kernels.available(), kernels.status().detail
+    assert kernels.status().detail == kernels.flavour().name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", [f.name for f in kernels.SIMD_FLAVOURS[1:]])
+def test_the_slower_flavours_compute_the_same(flavour):
+    """The AVX2 and plain C++ builds (what CPUs without AVX-512 VNNI, or without AVX2, run) pass the exactness
+    tests too, each in a process of its own: one build of the kernels loads per process."""
+    if flavour not in [f.name for f in kernels.runnable_flavours()]:
+        pytest.skip(f"this CPU does not run the {flavour} flavour")
+    checks = "build or exact or rounded or equals_its_formula or held_exactly"
+    command = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-k", checks, "-p", "no:cacheprovider"]
+    done = subprocess.run(command, env={**os.environ, kernels.FLAVOUR_ENV: flavour}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "deselected" in done.stdout
 ops = torch.ops.kvasir_kernels
 
 
@@ -55,6 +73,70 @@ def test_block_linear_equals_its_formula(kind, rows, outputs):
     # and the activation rounding is the only difference from a float matmul: under 1% of the output's size
     exact = x @ weight.t() + layer.bias
     assert float((got - exact).norm() / exact.norm()) < 0.01
+
+
+def _exact_blocks(kind: str, outputs: int, blocks: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF-ordered ``kind`` blocks and the float64 weights they hold, with power-of-two scales, so that every
+    product and sum the kernel forms is exact in float32."""
+    g = torch.Generator().manual_seed(seed)
+    d = 2.0 ** -torch.randint(2, 5, (outputs, blocks), generator=g).double()
+    if kind == "q8_0":
+        codes = torch.randint(-128, 128, (outputs, blocks, 32), generator=g)  # -128 too: a file may hold it
+        weight = d[..., None] * codes
+        raw = [_as_bytes(d.half()), codes.to(torch.int8).view(torch.uint8)]
+    else:
+        codes = torch.randint(0, 16, (outputs, blocks, 32), generator=g)
+        m = -d * torch.randint(0, 9, (outputs, blocks), generator=g)
+        weight = d[..., None] * codes + m[..., None]
+        scale_type = torch.float16 if kind == "q4_1" else torch.float32
+        nibbles = (codes[..., :16] | (codes[..., 16:] << 4)).to(torch.uint8)
+        raw = [_as_bytes(d.to(scale_type)), _as_bytes(m.to(scale_type)), nibbles]
+    return torch.cat(raw, dim=-1).reshape(outputs, -1), weight.reshape(outputs, -1)
+
+
+def _as_bytes(values: torch.Tensor) -> torch.Tensor:
+    return values.contiguous().view(torch.uint8).reshape(*values.shape, -1)
+
+
+def _exact_activations(rows: int, blocks: int, seed: int) -> torch.Tensor:
+    """Rows whose 8-bit quantisation is exact: integers times a power of two, with +-127 in every block."""
+    g = torch.Generator().manual_seed(seed)
+    ints = torch.randint(-127, 128, (rows, blocks, 32), generator=g)
+    ints[..., 0] = 127 * (torch.randint(0, 2, (rows, blocks), generator=g) * 2 - 1)
+    return (ints * 2.0 ** -torch.randint(1, 4, (rows, 1, 1), generator=g).double()).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q4_1f", "q8_0"])
+@pytest.mark.parametrize("outputs", [40, 21])
+def test_block_linear_is_exact_for_every_row_count(kind, outputs):
+    """Each tile of activation rows (1..8 at once) and their remainders give the integer arithmetic's exact
+    result, for whole and padded groups of eight outputs."""
+    blocks = 5
+    raw, weight = _exact_blocks(kind, outputs, blocks, seed=outputs)
+    layer = BlockQuantLinear.from_blocks(kind, blocks * 32, raw)
+    for rows in [*range(1, 18), 33, 64]:
+        x = _exact_activations(rows, blocks, seed=rows)
+        want = (x @ weight.t()).float()
+        got = layer(x.float())
+        assert torch.equal(got, want), f"{kind}, {rows} rows: off by {float((got - want).abs().max())}"
+
+
+def test_activations_are_rounded_to_8_bits_as_c_rounds():
+    """Through an identity Q8_0 layer each output is d * q: the activation codes themselves, halves rounded away
+    from zero (llama.cpp's roundf), for random values and for exact halves."""
+    features = 64
+    codes = torch.eye(features, dtype=torch.int8).view(torch.uint8).reshape(features, 2, 32)
+    one = torch.ones(features, 2, dtype=torch.float16).view(torch.uint8).reshape(features, 2, 2)
+    identity = BlockQuantLinear.from_blocks("q8_0", features, torch.cat([one, codes], -1).reshape(features, -1))
+    torch.manual_seed(6)
+    halves = (torch.randint(-127, 127, (5, features)) + 0.5) / 8
+    halves[:, ::32] = 127 / 8  # scale 1/8 exactly: every value times 8 is an exact half
+    x = torch.cat([torch.randn(11, features) * torch.rand(11, 1) * 10, halves, torch.zeros(1, features)])
+    blocks = x.reshape(len(x), 2, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros(()))
+    want = (_round_away(blocks * inverse) * d).reshape(len(x), features)
+    assert torch.equal(identity(x), want)
 
 
 @pytest.mark.parametrize("kind, encode, max_step", [("q4_1", quantize_q4_1, 15), ("q8_0", quantize_q8_0, 254)])

@@ -17,6 +17,15 @@ def test_greedy_rows_take_the_argmax():
     assert got == logits.argmax(-1).tolist()
 
 
+def test_greedy_ties_take_the_first_largest_as_argmax_does():
+    logits = torch.zeros(3, 49152)
+    logits[0, [7, 300, 49000]] = 5.0  # three equal maxima
+    logits[1, [49151, 2]] = 1.0
+    logits[2, :] = -1.0  # all equal
+    got = Sampler(0)(logits, rows(*[SamplingParams(temperature=0.0)] * 3))
+    assert got == [7, 2, 0] == logits.argmax(-1).tolist()
+
+
 def test_top_k_one_is_greedy_even_with_temperature():
     logits = torch.randn(3, 50)
     got = Sampler(0)(logits, rows(*[SamplingParams(temperature=1.5, top_k=1)] * 3))

@@ -102,6 +102,27 @@ float exp_shifted(float* row, int64_t n, float top) {
   return total;
 }
 
+#ifdef KVASIR_AVX2
+inline void prefetch(const float* start, int64_t bytes) {
+  const char* first = reinterpret_cast<const char*>(start);
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(first + line, _MM_HINT_T0);
+}
+
+// out[0 .. 8 * Vectors) = sum over positions of p[pos] * (values[pos] + offset)[0 .. 8 * Vectors), positions in order
+template <int Vectors>
+inline void accumulate_values(const float* p, const float* const* values, int64_t length, int64_t offset, float* out) {
+  __m256 acc[Vectors];
+  for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_setzero_ps();
+  for (int64_t pos = 0; pos < length; ++pos) {
+    const __m256 weight = _mm256_set1_ps(p[pos]);
+    const float* v = values[pos] + offset;
+    if (pos + 8 < length) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(float));
+    for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * u), acc[u]);
+  }
+  for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out + 8 * u, acc[u]);
+}
+#endif
+
 // Softmax(q . k * scale) v for one sequence's query heads of kv heads [first, last): each cached position's
 // keys and values for those heads are one contiguous run, read once for all their query heads.
 struct PagedKV {
@@ -122,8 +143,13 @@ void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, co
 #ifdef KVASIR_AVX2
   if (dim % 8 == 0) {  // eight positions at a time: their dot products leave as one vector of scores
     const float* k[8];
+    const int64_t row_bytes = (last - first) * dim * static_cast<int64_t>(sizeof(float));
     for (; pos + 8 <= length; pos += 8) {
       for (int p = 0; p < 8; ++p) k[p] = kv.row(kv.keys, table, pos + p, first);
+      // the cache is read once and from memory: ask for the keys two rounds ahead while these are multiplied
+      for (int64_t ahead = pos + 16; ahead < std::min(pos + 24, length); ++ahead) {
+        prefetch(kv.row(kv.keys, table, ahead, first), row_bytes);
+      }
       for (int64_t h = 0; h < rows; ++h) {
         const int64_t offset = (h / group) * dim;
         _mm256_storeu_ps(scores.data() + h * length + pos,
@@ -141,14 +167,34 @@ void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, co
     const float inverse = 1.f / exp_shifted(row, length, *std::max_element(row, row + length));
     for (int64_t pos = 0; pos < length; ++pos) row[pos] *= inverse;
   }
-  std::fill(o, o + rows * dim, 0.f);
-  for (int64_t pos = 0; pos < length; ++pos) {
+  int64_t done = 0;  // features of every head already written
+#ifdef KVASIR_AVX2
+  if (dim % 8 == 0) {
+    std::vector<const float*> values(static_cast<size_t>(length));
+    for (int64_t pos = 0; pos < length; ++pos) values[pos] = kv.row(kv.values, table, pos, first);
+    for (int64_t pos = 0; pos < std::min<int64_t>(8, length); ++pos) {
+      prefetch(values[pos], (last - first) * dim * static_cast<int64_t>(sizeof(float)));
+    }
+    for (int64_t h = 0; h < rows; ++h) {
+      // 64 features of one head's output stay in eight registers while every position adds into them
+      for (int64_t j0 = 0; j0 + 64 <= dim; j0 += 64) {
+        accumulate_values<8>(scores.data() + h * length, values.data(), length, (h / group) * dim + j0, o + h * dim + j0);
+      }
+      for (int64_t j0 = dim / 64 * 64; j0 < dim; j0 += 8) {
+        accumulate_values<1>(scores.data() + h * length, values.data(), length, (h / group) * dim + j0, o + h * dim + j0);
+      }
+    }
+    done = dim;
+  }
+#endif
+  for (int64_t h = 0; h < rows; ++h) std::fill(o + h * dim + done, o + (h + 1) * dim, 0.f);
+  for (int64_t pos = 0; pos < length && done < dim; ++pos) {
     const float* v = kv.row(kv.values, table, pos, first);
     for (int64_t h = 0; h < rows; ++h) {
       const float p = scores[h * length + pos];
       const float* vh = v + (h / group) * dim;
       float* oh = o + h * dim;
-      for (int64_t j = 0; j < dim; ++j) oh[j] += p * vh[j];
+      for (int64_t j = done; j < dim; ++j) oh[j] += p * vh[j];
     }
   }
 }
