@@ -168,10 +168,16 @@ def bfloat16_vs_float32(model: Path, device: str) -> dict:
     for dtype in ("float32", "bfloat16"):
         engine = _engine(model, device, dtype=dtype, quantization="none", num_kv_blocks=64)
         [logits[dtype]] = first_token_logits(engine, [PROMPTS[1]])
-    cosine = float(torch.nn.functional.cosine_similarity(logits["float32"], logits["bfloat16"], dim=0))
+    [cosine], [same_argmax] = _agreement([logits["float32"]], [logits["bfloat16"]])
     if cosine < 0.99:
         raise AssertionError(f"bfloat16 logits drift from float32's: cosine {cosine:.4f}")
-    return {"cosine": cosine, "same_argmax": int(logits["float32"].argmax()) == int(logits["bfloat16"].argmax())}
+    return {"cosine": cosine, "same_argmax": same_argmax}
+
+
+def _agreement(first: list[torch.Tensor], second: list[torch.Tensor]) -> tuple[list[float], list[bool]]:
+    """Per pair of logit vectors: their cosine similarity, and whether they pick the same greedy token."""
+    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in zip(first, second)]
+    return cosines, [int(a.argmax()) == int(b.argmax()) for a, b in zip(first, second)]
 
 
 def first_token_logits(engine, prompts: list[str]) -> list[torch.Tensor]:
@@ -205,7 +211,6 @@ def flex_vs_torch(model: Path, device: str) -> dict:
     chunks, then (after an unrelated request took the next blocks) the same prompt with a new ending, a prefix
     hit on blocks that are not consecutive, within the bfloat16 tolerance; and decode tok/s at 16 chats on
     each, timed after a warm-up run (which on CUDA compiles the flex kernels). On the CPU flex runs uncompiled."""
-    from ..serving.warmup import release_cached_memory
     from .bench import kvasir_load
     from .evaluation import eval_text
 
@@ -226,15 +231,15 @@ def flex_vs_torch(model: Path, device: str) -> dict:
         speed[backend] = round(kvasir_load(engine, chats[16:], shape["new_tokens"]).decode_tokens_per_s or 0.0, 1)
         stats[backend] = engine.stats()
         del engine
-        release_cached_memory(torch.device(device))
+        _return_memory(device)
     flex = stats["flex"]
     if flex.attention_backend != "flex":
         raise AssertionError(f"the flex engine ran {flex.attention_backend} ({flex.attention_reason})")
-    pairs = list(zip(logits["flex"], logits["torch"]))
-    cosines = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in pairs]
-    result = {"cosines": cosines, "max_abs_diff": max(float((a - b).abs().max()) for a, b in pairs),
-              "same_argmax": [int(a.argmax()) == int(b.argmax()) for a, b in pairs],
-              "cached_prompt_tokens": stats["flex"].cached_prompt_tokens_total, "block_size": stats["flex"].block_size,
+    cosines, same_argmax = _agreement(logits["flex"], logits["torch"])
+    result = {"cosines": cosines,
+              "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(logits["flex"], logits["torch"])),
+              "same_argmax": same_argmax, "cached_prompt_tokens": flex.cached_prompt_tokens_total,
+              "block_size": flex.block_size,
               "decode_16_chats_tok_s": speed, "flex_over_torch": round(speed["flex"] / max(speed["torch"], 1e-9), 2),
               "compiled": device == "cuda", "context_tokens": shape["context"]}
     if min(cosines) < 0.99:
@@ -330,9 +335,10 @@ def _return_memory(device: str) -> None:
     """Collect a dropped engine now, so that the next one's fit check and KV sizing see its memory free."""
     import gc
 
+    from ..serving.warmup import release_cached_memory
+
     gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    release_cached_memory(torch.device(device))
 
 
 def _decode_rates(engine, prefix: str) -> dict:
