@@ -9,6 +9,7 @@ import torch
 from ..config import EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from ..serving.kv_cache import kv_cache_blocks
+from ..step import attention_plan
 from ..step.block_linear import BLOCK, BLOCK_BYTES, GGUF_KINDS
 from ..step.quantization import PACKED_MODES, uses_native_blocks
 from . import gguf_cache
@@ -206,9 +207,10 @@ def estimate_weights(info: ModelInfo, config: EngineConfig, plan: WeightPlan, de
     per_token = kv_bytes_per_token(info, dtype)
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)
+    block_size = attention_plan.plan_attention(config, device, info.head_dim, dtype).block_size
     blocks = kv_cache_blocks(config, device, per_token, config.max_model_len or info.context_length,
-                             max(0, available - plan.weight_bytes)) if per_token else 0
-    kv_tokens = blocks * config.block_size
+                             max(0, available - plan.weight_bytes), block_size) if per_token else 0
+    kv_tokens = blocks * block_size
     return FitEstimate(
         model_name=info.name,
         quantization=plan.quantization,

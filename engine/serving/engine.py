@@ -16,11 +16,12 @@ from ..errors import EngineError, ModelLoadError
 from ..models.fit import FitEstimate, estimate
 from ..models.loader import LoadedModel, Progress, load_model
 from ..models.memory import return_freed_memory
+from ..models.model_info import read_model_info
+from ..models.sources import resolve_source
 from ..sampling_params import SamplingParams
-from ..step import attention, cuda_graphs
-from ..step.attention_backend import choose_backend
+from ..step import attention, attention_plan, cuda_graphs
+from ..step.attention_plan import AttentionPlan
 from ..step.detokenizer import IncrementalDetokenizer
-from ..step.flex_attention import flex_block_size, flex_problem
 from ..step.runner import ModelRunner
 from .block_manager import BlockManager
 from .gpu_usage import GpuMonitor
@@ -56,13 +57,9 @@ class Engine:
         self.config = config
         self.device, self.device_reason = resolve_device(config.device)
         self.gpu_monitor = GpuMonitor(self.device)
-        self.attention_backend, self.attention_reason = self._pick_backend()
-        block_size = config.block_size
-        if self.attention_backend == "flash_attn" and block_size % attention.FLASH_BLOCK_SIZE:
-            block_size = attention.FLASH_BLOCK_SIZE
-        elif self.attention_backend == "flex":
-            block_size = flex_block_size(block_size, self.device)
-        self.block_size = block_size
+        plan = self._plan_attention()
+        self.attention_backend, self.attention_reason, self.block_size = plan.backend, plan.reason, plan.block_size
+        block_size = self.block_size
         self.loaded: LoadedModel = load_model(config, self.device, attention.register(), progress)
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
@@ -151,8 +148,6 @@ class Engine:
         A configuration that is refused up front (bad file, does not fit) leaves the current model serving
         untouched; a load that fails later reloads the previous model. Either way the error is raised.
         """
-        from ..models.sources import resolve_source
-
         resolve_source(config.model)
         fit = estimate(config, reclaimable_bytes=self._held_bytes())
         if not fit.fits:
@@ -332,22 +327,12 @@ class Engine:
 
     # -- internals ----------------------------------------------------------------------------------
 
-    def _pick_backend(self) -> tuple[str, str]:
-        """The attention backend for this model on this device, and why (see :func:`choose_backend`)."""
-        wanted, on_cuda = self.config.attention_backend, self.device.type == "cuda"
-        flash = self._flash_attn_problem() if on_cuda and wanted in ("auto", "flash_attn") else None
-        return choose_backend(wanted, on_cuda, flash, flex_problem(self.device))
-
-    def _flash_attn_problem(self) -> str | None:
-        """Why flash-attn's kernel can't run this model on this GPU (None when it can)."""
-        if not attention.flash_attn_available():
-            return "flash-attn is not installed"
-        from ..models.model_info import read_model_info
-        from ..models.sources import resolve_source
-
+    def _plan_attention(self) -> AttentionPlan:
+        """The attention backend for this model on this device, why, and its block size (one rule with the fit
+        estimate: :func:`plan_attention`)."""
         head_dim = read_model_info(resolve_source(self.config.model)).head_dim
         dtype = resolve_dtype(self.config.dtype, self.device)
-        return attention.flash_attn_problem(dtype, torch.cuda.get_device_capability(self.device), head_dim)
+        return attention_plan.plan_attention(self.config, self.device, head_dim, dtype)
 
     def _num_kv_blocks(self, shape: KVShape) -> int:
         """The cache's size by the one rule (:func:`kv_cache_blocks`); on a GPU from the memory left once a
@@ -359,7 +344,8 @@ class Engine:
             self.step_peak_bytes = step_peak_bytes(self.loaded.model, shape, self.block_size, self.device,
                                                    self.attention_backend, tokens)
             free = max(0, available_memory(self.device) - self.step_peak_bytes)
-        return kv_cache_blocks(self.config, self.device, shape.bytes_per_token(), self.max_model_len, free)
+        return kv_cache_blocks(self.config, self.device, shape.bytes_per_token(), self.max_model_len, free,
+                               self.block_size)
 
     def _why_it_cannot_fit(self, seq: Sequence) -> str | None:
         if seq.num_prompt_tokens == 0:

@@ -95,19 +95,21 @@ def _anonymous_mapping(nbytes: int) -> mmap.mmap:
 
 
 def kv_cache_blocks(config: EngineConfig, device: torch.device, bytes_per_token: int, max_model_len: int,
-                    free_bytes: int) -> int:
+                    free_bytes: int, block_size: int) -> int:
     """How many KV blocks the engine allocates: the one rule, used by the engine and by the fit estimate.
 
     ``free_bytes``: memory free once the weights are in place (measured by the engine after loading, predicted
-    by the estimate before). ``num_kv_blocks`` or ``kv_cache_memory`` in ``config`` decide when set; else a
-    share of the free memory (on the CPU at most ``CPU_KV_DEFAULT_CAP``, since the system needs the rest).
-    Never more than ``max_num_seqs`` sequences of the full context could use.
+    by the estimate before). ``block_size``: the tokens a block holds with the backend that will run
+    (:func:`engine.step.attention_plan.backend_block_size`, which may be larger than ``config.block_size``).
+    ``num_kv_blocks`` or ``kv_cache_memory`` in ``config`` decide when set; else a share of the free memory (on
+    the CPU at most ``CPU_KV_DEFAULT_CAP``, since the system needs the rest). Never more than ``max_num_seqs``
+    sequences of the full context could use.
     """
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     memory = config.kv_cache_memory or default_kv_memory(device, free_bytes)
-    ceiling = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
-    return max(1, min(memory // (config.block_size * bytes_per_token), ceiling))
+    ceiling = config.max_num_seqs * -(-max_model_len // block_size) + 1
+    return max(1, min(memory // (block_size * bytes_per_token), ceiling))
 
 
 def default_kv_memory(device: torch.device, free_bytes: int) -> int:

@@ -43,7 +43,8 @@ import torch
 
 from .transfer import to_device
 
-FLEX_CUDA_BLOCK_SIZE = 64  # KV block size on CUDA: the triton kernels' BLOCK_N (64) must divide it
+FLEX_CUDA_BLOCK_SIZE = 128  # KV block size on CUDA: the triton kernels' BLOCK_N must divide it (128 on Hopper and
+# Blackwell for head size 64 in bfloat16; 64 or 128 elsewhere)
 COMPILED_QUERY_BLOCK = 128  # query block of the compiled kernels: their BLOCK_M (64 or 128) must divide it
 EAGER_QUERY_BLOCK = 16  # uncompiled, every padded query costs a row of scores over the whole pool
 RECOMPILE_LIMIT = 64

@@ -8,7 +8,6 @@ kernel), the fallbacks, the stats and the release. Greedy tokens must equal the 
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
 from types import SimpleNamespace
 
@@ -16,7 +15,6 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.serving.engine import Engine as EngineClass
 from engine.step import cuda_graphs
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.cuda_graphs import bucket, graph_batch_sizes, width_buckets
@@ -302,15 +300,7 @@ def test_switching_releases_the_graphs_before_the_model(tiny_model_dirs, graphs)
 
 @pytest.fixture
 def flash(monkeypatch):
-    module = flash_stand_in.make_module(allow_float32=True)
-    monkeypatch.setitem(sys.modules, "flash_attn", module)
-    pick = EngineClass._pick_backend
-
-    def flash_unless_torch_asked(self):
-        return pick(self) if self.config.attention_backend == "torch" else ("flash_attn", "flash-attn stand-in")
-
-    monkeypatch.setattr(EngineClass, "_pick_backend", flash_unless_torch_asked)
-    return module
+    return flash_stand_in.install(monkeypatch)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

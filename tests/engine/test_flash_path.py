@@ -4,13 +4,11 @@ Greedy tokens equal the torch path's in float32, over chunked prefill and prefix
 refuses what flash-attn refuses, so a wrongly typed or shaped argument fails here rather than on a GPU.
 """
 
-import sys
 
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.serving.engine import Engine as EngineClass
 from tests.helpers import flash_stand_in
 
 LONG = "a much longer prompt about paged attention and blocks, " * 24
@@ -18,15 +16,7 @@ LONG = "a much longer prompt about paged attention and blocks, " * 24
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    module = flash_stand_in.make_module(allow_float32=True)
-    monkeypatch.setitem(sys.modules, "flash_attn", module)
-    pick = EngineClass._pick_backend
-
-    def flash_unless_torch_asked(self):  # flash-attn is CUDA-only; the stand-in runs its path on the CPU
-        return pick(self) if self.config.attention_backend == "torch" else ("flash_attn", "flash-attn stand-in")
-
-    monkeypatch.setattr(EngineClass, "_pick_backend", flash_unless_torch_asked)
-    return module
+    return flash_stand_in.install(monkeypatch)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

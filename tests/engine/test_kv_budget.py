@@ -11,6 +11,7 @@ import torch
 from engine import Engine, EngineConfig
 from engine.models.fit import estimate
 from engine.serving.kv_cache import CPU_KV_DEFAULT_CAP, CPU_KV_SHARE, CUDA_KV_SHARE, kv_cache_blocks
+from tests.helpers import flash_stand_in
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 GIB = 1024**3
@@ -20,15 +21,46 @@ def test_the_rule():
     per_token, context = 1024, 65536
     config = EngineConfig(block_size=16, max_num_seqs=64)
     # a share of what is free beside the weights; on the CPU never more than the cap
-    assert kv_cache_blocks(config, CPU, per_token, context, 4 * GIB) == int(4 * GIB * CPU_KV_SHARE) // (16 * 1024)
-    assert kv_cache_blocks(config, CPU, per_token, context, 64 * GIB) == CPU_KV_DEFAULT_CAP // (16 * 1024)
-    assert kv_cache_blocks(config, CUDA, per_token, context, 2 * GIB) == int(2 * GIB * CUDA_KV_SHARE) // (16 * 1024)
+    assert kv_cache_blocks(config, CPU, per_token, context, 4 * GIB, 16) == int(4 * GIB * CPU_KV_SHARE) // (16 * 1024)
+    assert kv_cache_blocks(config, CPU, per_token, context, 64 * GIB, 16) == CPU_KV_DEFAULT_CAP // (16 * 1024)
+    assert kv_cache_blocks(config, CUDA, per_token, context, 2 * GIB, 16) == int(2 * GIB * CUDA_KV_SHARE) // (16 * 1024)
     # never more than max_num_seqs full contexts; at least one block; explicit settings decide
     small = EngineConfig(block_size=16, max_num_seqs=2)
-    assert kv_cache_blocks(small, CUDA, per_token, context, 64 * GIB) == 2 * 65536 // 16 + 1
-    assert kv_cache_blocks(config, CPU, per_token, context, 0) == 1
-    assert kv_cache_blocks(EngineConfig(num_kv_blocks=7), CPU, per_token, context, 64 * GIB) == 7
-    assert kv_cache_blocks(EngineConfig(kv_cache_memory=GIB), CPU, per_token, context, 0) == GIB // (16 * 1024)
+    assert kv_cache_blocks(small, CUDA, per_token, context, 64 * GIB, 16) == 2 * 65536 // 16 + 1
+    assert kv_cache_blocks(config, CPU, per_token, context, 0, 16) == 1
+    assert kv_cache_blocks(EngineConfig(num_kv_blocks=7), CPU, per_token, context, 64 * GIB, 16) == 7
+    assert kv_cache_blocks(EngineConfig(kv_cache_memory=GIB), CPU, per_token, context, 0, 16) == GIB // (16 * 1024)
+
+
+def test_the_rule_counts_in_the_blocks_that_run():
+    """A backend with 256-token blocks gets the same bytes as one with 16-token blocks: 16 times fewer blocks."""
+    per_token, context = 1024, 65536
+    config, small = EngineConfig(block_size=16), EngineConfig(block_size=16, max_num_seqs=2)
+    budget = int(2 * GIB * CUDA_KV_SHARE)
+    assert kv_cache_blocks(config, CUDA, per_token, context, 2 * GIB, 256) == budget // (256 * 1024)
+    assert kv_cache_blocks(small, CUDA, per_token, context, 64 * GIB, 256) == 2 * 65536 // 256 + 1
+
+
+@pytest.mark.parametrize("backend, block_size", [("flash_attn", 256), ("flex", 128)])
+@pytest.mark.parametrize("settings", [{}, {"kv_cache_memory": 3 * 1024**2}])
+def test_a_backend_with_larger_blocks_stays_within_the_budget(tiny_llama, monkeypatch, backend, block_size, settings):
+    """flash-attn runs 256-token blocks and compiled FlexAttention 128-token ones whatever ``block_size`` says; the
+    pool must still hold the budget's bytes (or at most ``max_num_seqs`` full contexts), not 16 or 8 times that,
+    and the fit estimate must promise the pool the engine allocates."""
+    flash_stand_in.plan_as_backend(monkeypatch, backend)
+    config = EngineConfig(model=str(tiny_llama), **settings)
+    promised = estimate(config)
+    engine = Engine(config)
+    tokens = engine.kv_cache.num_blocks * engine.block_size
+    pool_bytes = tokens * engine.kv_cache.shape.bytes_per_token()
+    assert engine.block_size == block_size and engine.stats().block_size == block_size
+    if settings:
+        assert pool_bytes <= settings["kv_cache_memory"] and promised.kv_tokens == tokens
+    else:
+        full_contexts = config.max_num_seqs * engine.max_model_len
+        assert full_contexts <= tokens <= full_contexts + block_size
+        assert abs(promised.kv_tokens - tokens) <= 0.05 * tokens
+        assert pool_bytes <= CPU_KV_DEFAULT_CAP
 
 
 @pytest.mark.parametrize("settings", [{}, {"kv_cache_memory": 3 * 1024**2}, {"num_kv_blocks": 40}])

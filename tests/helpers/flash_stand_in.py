@@ -17,10 +17,35 @@ dtype with a contiguous last dimension, ``cache_seqlens`` int32, contiguous, one
 
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
 import torch.nn.functional as F
+
+from engine.step import attention_plan
+
+
+def install(monkeypatch, allow_float32: bool = True) -> types.ModuleType:
+    """The stand-in as ``flash_attn``, and every attention plan (the engine's and the fit estimate's) choosing it
+    unless the torch path is asked for by name: flash-attn is CUDA-only, the stand-in runs its path on the CPU."""
+    module = make_module(allow_float32)
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    plan_as_backend(monkeypatch, "flash_attn")
+    return module
+
+
+def plan_as_backend(monkeypatch, backend: str) -> None:
+    """Make :func:`attention_plan.plan_attention` pick ``backend`` with the block size it runs with on CUDA."""
+    plan = attention_plan.plan_attention
+
+    def as_if_on_cuda(config, device, head_dim, dtype):
+        if config.attention_backend == "torch":
+            return plan(config, device, head_dim, dtype)
+        block_size = attention_plan.backend_block_size(backend, config.block_size, torch.device("cuda"))
+        return attention_plan.AttentionPlan(backend, f"{backend} as on CUDA", block_size)
+
+    monkeypatch.setattr(attention_plan, "plan_attention", as_if_on_cuda)
 
 
 def make_module(allow_float32: bool = False) -> types.ModuleType:
