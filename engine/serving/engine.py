@@ -65,7 +65,8 @@ class Engine:
         self.max_model_len = self.loaded.max_model_len
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
         self.step_peak_bytes = 0  # measured on a GPU before sizing the cache
-        self.graphs_problem = cuda_graphs.graphs_problem(config.cuda_graphs, self.device, self.loaded.model)
+        self.graphs_problem = cuda_graphs.graphs_problem(config.cuda_graphs, self.device, self.loaded.model,
+                                                          self.attention_backend)
         # graphs pad their batches with rows that write to a block no sequence owns: one more than the budget
         reserved = 0 if self.graphs_problem else 1
         self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device, reserved)

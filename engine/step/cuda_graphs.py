@@ -38,6 +38,8 @@ capture by an eager call of the same function.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -87,12 +89,18 @@ def bucket(sizes: list[int], needed: int) -> int:
     return sizes[bisect.bisect_left(sizes, needed)]
 
 
-def graphs_problem(enabled: bool, device: torch.device, model: torch.nn.Module) -> str | None:
-    """Why this engine's decode steps run eagerly, or None when they can replay from CUDA graphs."""
+def graphs_problem(enabled: bool, device: torch.device, model: torch.nn.Module, backend: str = "torch") -> str | None:
+    """Why this engine's decode steps run eagerly, or None when they can replay from CUDA graphs (``backend``:
+    the attention backend the engine runs)."""
     if not enabled:
         return "turned off in the settings (cuda_graphs=False)"
     if device.type != "cuda":
         return f"not on the {device.type.upper()}"
+    if backend == "flex":  # a graph would replay the torch path's decode attention, not FlexAttention's
+        return "FlexAttention's decode steps run eagerly (its compiled kernels are not captured)"
+    outliers = _host_reading_layer(model)
+    if outliers is not None:
+        return outliers
     if lean_decoder_for(model) is None:
         return f"{model.config.model_type} runs through transformers' own modules, which are not captured"
     rope = getattr(model.model.rotary_emb, "rope_type", "default")
@@ -101,18 +109,42 @@ def graphs_problem(enabled: bool, device: torch.device, model: torch.nn.Module) 
     return None
 
 
-def capture_graph(forward, pool):
-    """Record ``forward``'s kernels in a CUDA graph that allocates from ``pool`` (None: a new pool); returns the
-    graph and its pool. ``forward`` runs once first on a side stream, so that lazy initialisation (cuBLAS
-    workspaces, kernel selection) happens before the capture rather than inside it."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+def _host_reading_layer(model: torch.nn.Module) -> str | None:
+    """Why a layer of ``model`` cannot be captured because it reads the device every call, or None.
+
+    bitsandbytes' int8 layers with an outlier threshold find the activation columns above it with a host read
+    (``nonzero`` and a copy back) in every call, which a capture refuses.
+    """
+    for module in model.modules():
+        threshold = getattr(getattr(module, "state", None), "threshold", 0.0)
+        if type(module).__name__ == "Linear8bitLt" and threshold > 0:
+            return (f"bitsandbytes int8 layers with an outlier threshold ({threshold:g}) read the outlier columns "
+                    "back to the host in every call, which a graph cannot capture")
+    return None
+
+
+def device_scope(device: torch.device):
+    """``device`` made current while a graph is captured or replayed: a capture records on the current device's
+    stream, so on ``cuda:1`` with device 0 current it would record nothing (torch only warns "The CUDA Graph is
+    empty") and every replay would do nothing."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def capture_graph(forward, pool, device: torch.device):
+    """Record ``forward``'s kernels in a CUDA graph on ``device`` that allocates from ``pool`` (None: a new pool);
+    returns the graph and its pool. Called with ``device`` current (:func:`device_scope`); both streams are made
+    on it (``torch.cuda.graph``'s own default stream is made once, on whichever device was current then).
+    ``forward`` runs once first on a side stream, so that lazy initialisation (cuBLAS workspaces, kernel
+    selection) happens before the capture rather than inside it."""
+    side, current = torch.cuda.Stream(device=device), torch.cuda.current_stream(device)
+    side.wait_stream(current)
     with torch.cuda.stream(side):
         forward()
-    torch.cuda.current_stream().wait_stream(side)
+    current.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # thread_local: only this thread's calls can invalidate the capture, whatever another thread of the app does
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+    with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream(device=device),
+                          capture_error_mode="thread_local"):
         forward()
     return graph, graph.pool()
 
@@ -177,10 +209,11 @@ class DecodeGraphs:
             if len(self._graphs) >= self.max_graphs:
                 return None
             entry = _Graph(batch, width, torch.zeros(batch * (4 + width), dtype=torch.long, device=self.device))
-        copy_into(entry.inputs, self._host_inputs(chunks, batch, width))
-        if entry.graph is None and not self._capture(entry):
-            return None
-        entry.graph.replay()
+        with device_scope(self.device):
+            copy_into(entry.inputs, self._host_inputs(chunks, batch, width))
+            if entry.graph is None and not self._capture(entry):
+                return None
+            entry.graph.replay()
         return self._logits[: len(chunks)]
 
     def forward(self, inputs: torch.Tensor, batch: int, width: int) -> None:
@@ -201,14 +234,22 @@ class DecodeGraphs:
         self.problem = self.problem or "released"  # nothing replays after this
 
     def _capture(self, entry: _Graph) -> bool:
+        # torch.cuda.graph empties the allocator's cache before it records: read what is held after the same
+        # emptying, or the freed cache hides the pool's growth
+        _empty_cache(self.device)
         before = _reserved_bytes(self.device)
+        problem = None
         try:
             entry.graph, self._pool = capture_graph(partial(self.forward, entry.inputs, entry.batch, entry.width),
-                                                    self._pool)
+                                                    self._pool, self.device)
         except Exception as exc:  # an operation that cannot be captured: serve eagerly rather than fail the step
             log.warning("capturing a decode step of %d x %d failed: %r", entry.batch, entry.width, exc)
+            problem = f"capturing a decode step failed ({type(exc).__name__}: {exc})"[:300]
+        if problem is not None:  # out of the handler: the exception's frames no longer hold the failed graph
             self.close()
-            self.problem = f"capturing a decode step failed ({type(exc).__name__}: {exc})"[:300]
+            gc.collect()
+            _empty_cache(self.device)  # every graph's pool, the failed one's too, goes back to the device
+            self.problem = problem
             return False
         self._pool_bytes += max(0, _reserved_bytes(self.device) - before)
         self._graphs[(entry.batch, entry.width)] = entry
@@ -233,3 +274,10 @@ class DecodeGraphs:
 
 def _reserved_bytes(device: torch.device) -> int:
     return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+
+
+def _empty_cache(device: torch.device) -> None:
+    """Hand the allocator's unused blocks back, after the device's queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()

@@ -7,6 +7,7 @@ kernel), the fallbacks, the stats and the release. Greedy tokens must equal the 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from types import SimpleNamespace
@@ -208,6 +209,110 @@ def test_rotary_scalings_that_read_positions_on_the_host_are_not_captured(tiny_m
     assert "dynamic rotary scaling" in cuda_graphs.graphs_problem(True, torch.device("cuda"), model)
 
 
+def test_flex_decode_steps_are_not_replayed_through_the_torch_paths_graphs(tiny_model_dirs):
+    """A graph holds the torch path's (or flash-attn's) decode attention: replaying it for a flex engine would
+    run, and measure, the torch kernel under the flex name."""
+    model = _engine(tiny_model_dirs["llama"]).loaded.model
+    problem = cuda_graphs.graphs_problem(True, torch.device("cuda"), model, "flex")
+    assert problem is not None and "FlexAttention" in problem
+    assert cuda_graphs.graphs_problem(True, torch.device("cuda"), model, "flash_attn") is None
+
+
+def test_bitsandbytes_int8_with_outliers_is_refused_before_any_capture(tiny_model_dirs):
+    """LLM.int8()'s outlier path reads back to the host in every layer: graphs are off up front, with the
+    reason, not after a failed capture; without the threshold the layers are capturable."""
+    from engine.step.quantization import import_bitsandbytes
+
+    bnb = import_bitsandbytes()
+    model = _engine(tiny_model_dirs["llama"]).loaded.model
+    layer = model.model.layers[0].mlp
+    layer.down_proj = bnb.nn.Linear8bitLt(128, 64, bias=False, has_fp16_weights=False, threshold=6.0)
+    problem = cuda_graphs.graphs_problem(True, torch.device("cuda"), model)
+    assert problem is not None and "outlier threshold (6)" in problem
+    layer.down_proj = bnb.nn.Linear8bitLt(128, 64, bias=False, has_fp16_weights=False, threshold=0.0)
+    assert cuda_graphs.graphs_problem(True, torch.device("cuda"), model) is None
+
+
+def test_captures_and_replays_run_with_the_engines_device_current(tiny_model_dirs, graphs, monkeypatch):
+    """On cuda:N a capture with another device current records an empty graph; every capture and replay must
+    happen inside the engine's device scope, and the capture is told the device its streams go on."""
+    current, seen = [], {"captures": [], "replays": []}
+
+    @contextlib.contextmanager
+    def scope(device):
+        current.append(device)
+        try:
+            yield
+        finally:
+            current.pop()
+
+    monkeypatch.setattr(cuda_graphs, "device_scope", scope)
+    capture, replay = cuda_graphs.capture_graph, eager_graphs.EagerGraph.replay
+    monkeypatch.setattr(cuda_graphs, "capture_graph",
+                        lambda forward, pool, device: seen["captures"].append((list(current), device))
+                        or capture(forward, pool, device))
+    monkeypatch.setattr(eager_graphs.EagerGraph, "replay",
+                        lambda graph: seen["replays"].append(list(current)) or replay(graph))
+    engine = _engine(tiny_model_dirs["llama"])
+    engine.generate(PROMPTS[:3], _params([6, 6, 6]))
+    assert seen["captures"] and seen["replays"]
+    assert all(scopes == [engine.device] and device == engine.device for scopes, device in seen["captures"])
+    assert all(scopes == [engine.device] for scopes in seen["replays"])
+
+
+def test_the_capture_makes_its_streams_on_the_engines_device(monkeypatch):
+    """``torch.cuda.graph``'s default stream is made once on whichever device was current: the capture passes
+    its own, made on the engine's device, as it does the warm-up's side stream."""
+    made, graph_calls, runs = [], [], []
+
+    class FakeStream:
+        def __init__(self, device=None):
+            made.append(device)
+
+        def wait_stream(self, other):
+            pass
+
+    class FakeGraph:
+        def pool(self):
+            return "the pool"
+
+    def fake_graph(graph, pool=None, stream=None, capture_error_mode="global"):
+        graph_calls.append((pool, stream, capture_error_mode))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(device))
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    second = torch.device("cuda:1")
+    graph, pool = cuda_graphs.capture_graph(lambda: runs.append(1), "old pool", second)
+    assert runs == [1, 1] and pool == "the pool" and isinstance(graph, FakeGraph)
+    assert made == [second] * 3  # the side stream, the current one asked of cuda:1, the capture stream
+    [(pool_given, stream, mode)] = graph_calls
+    assert pool_given == "old pool" and isinstance(stream, FakeStream) and mode == "thread_local"
+
+
+def test_graph_memory_counts_the_pool_that_the_capture_empties_the_cache_for(tiny_model_dirs, graphs, monkeypatch):
+    """``torch.cuda.graph`` empties the allocator's cache before recording: a reading taken before that counts
+    the cache as held and the pool's growth as none."""
+    allocator = {"cached": 100 << 20, "pool": 0}
+    monkeypatch.setattr(cuda_graphs, "_reserved_bytes", lambda device: allocator["cached"] + allocator["pool"])
+    monkeypatch.setattr(cuda_graphs, "_empty_cache", lambda device: allocator.update(cached=0))
+    capture = cuda_graphs.capture_graph
+
+    def capture_growing_the_pool(forward, pool, device):
+        allocator.update(cached=0, pool=allocator["pool"] + (3 << 20))  # emptied, then the graph's pool grows
+        return capture(forward, pool, device)
+
+    monkeypatch.setattr(cuda_graphs, "capture_graph", capture_growing_the_pool)
+    engine = _engine(tiny_model_dirs["llama"])
+    engine.generate(PROMPTS[:3], _params([6, 6, 6]))
+    steps = engine.runner.graphs
+    static = steps._static_bytes + sum(entry.inputs.nbytes for entry in steps._graphs.values())
+    assert steps.num_graphs >= 1 and steps.memory_bytes - static == steps.num_graphs * (3 << 20)
+
+
 def test_the_setting_is_validated():
     with pytest.raises(ValueError, match="cuda_graphs"):
         EngineConfig(cuda_graphs="yes")
@@ -224,7 +329,7 @@ def test_the_command_line_turns_graphs_off(command, monkeypatch, tmp_path):
 
 
 def test_a_failed_capture_falls_back_to_eager_steps(tiny_model_dirs, graphs, monkeypatch):
-    def refuse(forward, pool):
+    def refuse(forward, pool, device):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(cuda_graphs, "capture_graph", refuse)
@@ -313,7 +418,29 @@ def test_flash_graph_decode_matches_the_torch_path(tiny_model_dirs, arch, graphs
     want = [out.token_ids for out in plain.generate(PROMPTS, params)]
     got = [out.token_ids for out in graph_engine.generate(PROMPTS, params)]
     assert got == want
-    assert flash.kvcache_calls > 0 and {width for _, width in graphs["buckets"]} == {8}  # 2048 / 256: one width
+    stats = graph_engine.stats()
+    # captured (a host read under the capture would have turned graphs off) and replayed, through the varlen kernel
+    assert stats.cuda_graphs == len(graphs["captured"]) > 0 and stats.cuda_graphs_reason == ""
+    assert eager_graphs.replays(graphs) > 0 and flash.kvcache_calls == 0
+    assert {width for _, width in graphs["buckets"]} == {8}  # 2048 / 256: one width
+
+
+def test_the_kvcache_stand_in_reads_the_host_as_flash_attn_after_2_8_3_does(monkeypatch):
+    """Why the graphs use the varlen kernel: ``flash_attn_with_kvcache`` reads ``cache_seqlens.max()`` back in
+    its wrapper, which a capture refuses; the varlen kernel, given its maxima, reads nothing back."""
+    eager_graphs.refuse_host_reads(monkeypatch)
+    module = flash_stand_in.make_module()
+    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(3, 256, 2, 64, dtype=torch.bfloat16)
+    lengths = torch.tensor([10, 300], dtype=torch.int32)
+    table = torch.tensor([[0, 2], [1, 2]], dtype=torch.int32)
+    with eager_graphs.simulated_capture(), pytest.raises(eager_graphs.HostReadDuringCapture, match="item"):
+        module.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, block_table=table, causal=True)
+    cu_q, cu_k = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 10, 310], dtype=torch.int32)
+    with eager_graphs.simulated_capture():
+        out = module.flash_attn_varlen_func(q[:, 0], cache, cache, cu_q, cu_k, 1, 512, causal=True, block_table=table)
+    want = module.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lengths, block_table=table, causal=True)
+    torch.testing.assert_close(out, want[:, 0])
 
 
 def test_kvcache_stand_in_refuses_what_flash_attn_refuses():

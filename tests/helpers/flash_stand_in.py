@@ -8,6 +8,10 @@ size divisible by 256, head sizes up to 256 in multiples of 8, query heads a mul
 attends each sequence's queries over its cached keys with the kernel's causal alignment: the queries are the
 sequence's last ones, so query ``i`` of ``n`` sees keys ``0 .. k_len - n + i``.
 
+Under a simulated graph capture (:mod:`tests.helpers.eager_graphs`) the kernels' own work is allowed to read
+tensors (a GPU kernel reads device memory), but ``flash_attn_with_kvcache`` reads ``cache_seqlens.max()`` back to
+the host first, as flash-attn's Python wrapper does after 2.8.3, so it cannot be captured.
+
 ``flash_attn_with_kvcache`` (the paged decode kernel, ``mha_fwd_kvcache``) is checked the same way for its own
 arguments: ``q`` ``[batch, seqlen_q, heads, D]``, caches ``[num_blocks, block_size, kv_heads, D]`` of the query's
 dtype with a contiguous last dimension, ``cache_seqlens`` int32, contiguous, one per batch row, an int32
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.step import attention_plan
+from tests.helpers.eager_graphs import kernel_side
 
 
 def install(monkeypatch, allow_float32: bool = True) -> types.ModuleType:
@@ -56,8 +61,9 @@ def make_module(allow_float32: bool = False) -> types.ModuleType:
     def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                softmax_scale=None, causal=False, block_table=None, **unused):
         module.calls += 1
-        _check(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, allow_float32)
-        return _attend(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal)
+        with kernel_side():  # the C++ kernel's checks and work: no read of the caller's
+            _check(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, allow_float32)
+            return _attend(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, softmax_scale, causal)
 
     def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
@@ -72,9 +78,12 @@ def make_module(allow_float32: bool = False) -> types.ModuleType:
         q = q if q.stride(-1) == 1 else q.contiguous()
         if block_table is not None and block_table.stride(-1) != 1:
             block_table = block_table.contiguous()
-        _check_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, allow_float32)
-        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-        return _attend_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal)
+        if cache_seqlens is not None:  # flash-attn after 2.8.3 (PR 2711): a host read, which a capture refuses
+            cache_seqlens.max().item()
+        with kernel_side():
+            _check_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, allow_float32)
+            scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+            return _attend_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal)
 
     module.flash_attn_varlen_func = flash_attn_varlen_func
     module.flash_attn_with_kvcache = flash_attn_with_kvcache
