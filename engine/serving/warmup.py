@@ -25,14 +25,20 @@ def step_peak_bytes(model: torch.nn.Module, shape: KVShape, block_size: int, dev
     """Memory a prefill step of ``num_tokens`` tokens takes on ``device`` above what is allocated before it."""
     blocks = -(-num_tokens // block_size)
     cache = KVCache(shape, blocks, block_size, device)
-    seq = Sequence("warm-up", list(range(num_tokens)), num_tokens, SamplingParams(max_tokens=1, temperature=0.0),
-                   0.0, block_table=list(range(blocks)))
+    seq = Sequence("warm-up", warmup_token_ids(num_tokens, model.config.vocab_size), num_tokens,
+                   SamplingParams(max_tokens=1, temperature=0.0), 0.0, block_table=list(range(blocks)))
     runner = ModelRunner(model, cache, device, backend)
     with PeakMemory(device) as peak:
         runner.run([Chunk(seq, 0, num_tokens)])
     del runner, cache
     release_cached_memory(device)
     return peak.bytes
+
+
+def warmup_token_ids(num_tokens: int, vocab_size: int) -> list[int]:
+    """Token ids for the warm-up prompt, all inside the vocabulary: on CUDA an id past it is a device-side assert
+    in the embedding, which poisons the whole context (the CPU only raises)."""
+    return [i % vocab_size for i in range(num_tokens)]
 
 
 def release_cached_memory(device: torch.device) -> None:

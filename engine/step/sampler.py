@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling_params import SamplingParams
+from .transfer import to_device
 
 
 @dataclass(slots=True)
@@ -41,7 +42,7 @@ class Sampler:
         noise = self._exponential_noise(rows, probs.shape[-1], probs.device)
         sampled = _first_max(probs / noise)  # exponential race: a draw from ``probs``
         if any(greedy):
-            sampled = torch.where(torch.tensor(greedy, device=logits.device), _first_max(logits), sampled)
+            sampled = torch.where(_on(greedy, logits.device), _first_max(logits), sampled)
         return sampled.tolist()
 
     def _exponential_noise(self, rows: list[SamplingRow], vocab: int, device: torch.device) -> torch.Tensor:
@@ -61,6 +62,12 @@ def _first_max(values: torch.Tensor) -> torch.Tensor:
     return values.max(dim=-1).indices
 
 
+def _on(values: list, device: torch.device) -> torch.Tensor:
+    """Per-row parameters as a tensor on ``device``: built on the host, then queued from pinned memory
+    (``torch.tensor(values, device="cuda")`` copies from pageable memory, so it waits for the forward pass)."""
+    return to_device(torch.tensor(values), device)
+
+
 def _mix(seed: int, index: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (2**63 - 1)
 
@@ -71,12 +78,10 @@ def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> 
     if not penalised:
         return logits
     width = max(len(rows[i].token_ids) for i in penalised)
-    seen = torch.tensor(
-        [rows[i].token_ids + [rows[i].token_ids[0]] * (width - len(rows[i].token_ids)) for i in penalised],
-        device=logits.device,
-    )
-    penalty = torch.tensor([rows[i].params.repetition_penalty for i in penalised], device=logits.device)[:, None]
-    index = torch.tensor(penalised, device=logits.device)
+    seen = _on([rows[i].token_ids + [rows[i].token_ids[0]] * (width - len(rows[i].token_ids)) for i in penalised],
+               logits.device)
+    penalty = _on([rows[i].params.repetition_penalty for i in penalised], logits.device)[:, None]
+    index = _on(penalised, logits.device)
     selected = logits[index]
     scores = selected.gather(1, seen)
     scores = torch.where(scores > 0, scores / penalty, scores * penalty)
@@ -88,13 +93,13 @@ def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> 
 def _filtered_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Softmax at each row's temperature, with top-k, top-p and min-p applied (zeros elsewhere)."""
     device = logits.device
-    temperature = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=device)[:, None]
+    temperature = _on([max(r.params.temperature, 1e-5) for r in rows], device)[:, None]
     probs = torch.softmax(logits / temperature, dim=-1)
     if not any(r.params.top_k > 0 or r.params.top_p < 1 or r.params.min_p > 0 for r in rows):
         return probs  # decided from the parameters: no wait for the device
-    top_k = torch.tensor([r.params.top_k for r in rows], device=device)
-    top_p = torch.tensor([r.params.top_p for r in rows], device=device)
-    min_p = torch.tensor([r.params.min_p for r in rows], device=device)
+    top_k = _on([r.params.top_k for r in rows], device)
+    top_p = _on([r.params.top_p for r in rows], device)
+    min_p = _on([r.params.min_p for r in rows], device)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     rank = torch.arange(probs.shape[-1], device=device)[None, :]
     keep = (top_k[:, None] == 0) | (rank < top_k[:, None])

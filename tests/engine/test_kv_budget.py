@@ -151,6 +151,24 @@ def test_the_warm_up_step_runs_the_model_and_leaves_the_engine_as_it_was(tiny_ll
     assert engine.generate([[1, 5, 9, 200]], greedy)[0].token_ids == before
 
 
+def test_the_warm_up_prompt_stays_inside_a_small_vocabulary(tokenizer_dir, tmp_path):
+    """A warm-up step longer than the vocabulary: ids past it are a device-side assert on CUDA, which poisons the
+    context for good (here the embedding raises). The ids wrap around instead."""
+    from engine.serving.kv_cache import KVShape
+    from engine.serving.warmup import step_peak_bytes, warmup_token_ids
+    from tests.helpers.tiny_models import write_tiny_model
+
+    assert warmup_token_ids(5, 3) == [0, 1, 2, 0, 1]
+    small = write_tiny_model("llama", tmp_path / "small-vocab", tokenizer_dir, vocab_size=256,
+                             num_key_value_heads=2)
+    engine = Engine(EngineConfig(model=str(small), num_kv_blocks=8))
+    assert engine.loaded.model.config.vocab_size == 256
+    shape = KVShape.from_config(engine.loaded.model.config, engine.loaded.dtype)
+    peak = step_peak_bytes(engine.loaded.model, shape, engine.block_size, engine.device, engine.attention_backend,
+                           600)
+    assert isinstance(peak, int) and peak >= 0
+
+
 def test_a_gpu_load_needs_system_memory_on_the_way(tiny_llama, tmp_path, monkeypatch):
     """Tensor by tensor for safetensors (the embedding is the largest); a GGUF's first conversion holds the whole
     model; an estimate whose way through system memory does not fit says so and does not fit."""

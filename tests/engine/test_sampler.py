@@ -68,3 +68,29 @@ def test_seeded_row_depends_only_on_seed_and_position():
     assert a == b
     draws = {Sampler(0)(logits[1:2], [SamplingRow(seeded, [1], i)])[0] for i in range(20)}
     assert len(draws) > 1  # a different position draws afresh
+
+
+def test_per_row_parameters_reach_the_device_through_pinned_copies(monkeypatch):
+    """``torch.tensor(values, device="cuda")`` copies from pageable memory, which waits for the forward pass that
+    produced the logits. Every per-row tensor must be built on the host and queued through ``to_device``."""
+    from engine.step import sampler as sampler_module
+    from engine.step.transfer import to_device
+
+    made_on_a_device, moved = [], []
+    original_tensor, original_move = torch.tensor, to_device
+
+    def recording_tensor(*args, **kwargs):
+        if kwargs.get("device") is not None:
+            made_on_a_device.append(kwargs["device"])
+        return original_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", recording_tensor)
+    monkeypatch.setattr(sampler_module, "to_device", lambda t, d: moved.append(t.shape) or original_move(t, d),
+                        raising=False)
+    logits = torch.randn(3, 50)
+    every_feature = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=5, repetition_penalty=1.2),
+                     SamplingParams(temperature=1.1, top_p=0.9, min_p=0.05, seed=3)]
+    got = Sampler(0)(logits, rows(*every_feature))
+    assert made_on_a_device == [] and len(got) == 3
+    # greedy mask; seen tokens, penalties and row index; temperatures; top-k, top-p and min-p
+    assert len(moved) == 8
