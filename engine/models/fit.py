@@ -11,7 +11,7 @@ from ..devices import available_memory, resolve_device, resolve_dtype, resolve_q
 from ..serving.kv_cache import kv_cache_blocks
 from ..step import attention_plan
 from ..step.block_linear import BLOCK, BLOCK_BYTES, GGUF_KINDS
-from ..step.quantization import PACKED_MODES, uses_native_blocks
+from ..step.quantization import PACKED_MODES, packs_output_head, uses_native_blocks
 from . import gguf_cache
 from .gguf_info import GGML_TYPE_NAMES, read_gguf_info
 from .model_info import ModelInfo, read_model_info
@@ -92,7 +92,7 @@ def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: O
                  device: torch.device | None = None, q4_k_weights: int = 0) -> int:
     """Bytes the loaded weights take for ``quantization`` with compute ``dtype`` on ``device``.
 
-    ``head``: needed for the packed modes, which give the output head an 8-bit copy of its own;
+    ``head``: needed for the packed modes, which on the CPU give the output head an 8-bit copy of its own;
     ``q4_k_weights``: linear weights a GGUF file stores as Q4_K (see :func:`q4_k_linear_weights`).
     """
     element = torch.empty((), dtype=dtype).element_size()
@@ -103,6 +103,8 @@ def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: O
     if quantization in PACKED_MODES:
         native = device is not None and uses_native_blocks(device, BLOCK)
         linear = _packed_linear_bytes(info, quantization, native, q4_k_weights)
+        if device is not None and not packs_output_head(device):  # the head keeps the compute dtype
+            return (info.parameter_count - info.linear_parameter_count) * element + linear
         return _packed_bytes(info, quantization, element, head or OutputHead(0, 0, True), native, linear)
     if quantization == "int8":
         return other * element + linear + 4 * info.linear_rows

@@ -13,8 +13,9 @@ GGUF's Q4_0 and Q4_1 blocks are exactly such groups of 32, so :meth:`Int4Linear.
 without re-quantising: Q4_1 ``d * q + m`` is scale ``d``, zero ``m + 8 d``; Q4_0 ``(q - 8) * d`` is scale
 ``d``, zero 0. The scales are rounded from float16 to bfloat16 on the way (the kernel's format).
 
-The CUDA kernels pack differently (``_pack_int4_cuda``); that branch follows torch's documented schema but
-has not run here, since this project's test machines have no GPU.
+The CUDA kernels pack differently (``_pack_int4_cuda``), in the widest layout each shape takes
+(:func:`cuda_inner_k_tiles`); that branch follows torch's documented schema and is checked exactly on a GPU
+by ``engine/tools/gpu_check.py``, since this project's test machines have none.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 from torch import nn
 
 KERNEL_DTYPE = torch.bfloat16  # what the packed kernels compute in
-INNER_K_TILES = 2  # packing layout parameter shared by the CPU and CUDA kernels (2, 4 or 8)
+CPU_INNER_K_TILES = 2  # the CPU kernel's packing layout parameter (2, 4 or 8)
+CUDA_INNER_K_TILES = (8, 4, 2)  # the CUDA kernel's, widest first: 8 reads 16 bytes at a time, 2 only 4
 GGUF_BLOCK = 32  # weights per block in Q4_0, Q4_1 and Q8_0
 GGUF_Q4_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}  # float16 d, [float16 m,] 16 bytes of nibbles
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -48,10 +50,12 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
-                   bias: torch.Tensor | None = None, device: torch.device | str = "cpu") -> Int4Linear:
-        """Pack ``codes`` [out, in] (0..15) with ``scales`` and ``zeros`` [out, in / group] for ``device``."""
+                   bias: torch.Tensor | None = None, device: torch.device | str = "cpu",
+                   inner_k_tiles: int | None = None) -> Int4Linear:
+        """Pack ``codes`` [out, in] (0..15) with ``scales`` and ``zeros`` [out, in / group] for ``device``
+        (``inner_k_tiles``: the CUDA layout, by default the widest the shape takes)."""
         out_features, in_features = codes.shape
-        packed = _pack_int4(codes.to(torch.int32), torch.device(device))
+        packed = _pack_int4(codes.to(torch.int32), torch.device(device), inner_k_tiles)
         scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()
         scales_and_zeros = scales_and_zeros.to(device=device, dtype=KERNEL_DTYPE)
         return cls(in_features, out_features, group_size, packed, scales_and_zeros, _to(bias, device))
@@ -187,16 +191,25 @@ def _as_tensor(blocks: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(blocks, dtype=np.uint8))
 
 
-def _pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
+def cuda_inner_k_tiles(in_features: int) -> int:
+    """The widest layout the CUDA kernel takes for ``in_features`` inputs: ``t`` tiles need a multiple of
+    ``16 t`` (so 8 where ``in_features % 128 == 0``, as gpt-fast and torchao pack)."""
+    return next(tiles for tiles in CUDA_INNER_K_TILES if in_features % (16 * tiles) == 0)
+
+
+def _pack_int4(codes: torch.Tensor, device: torch.device, inner_k_tiles: int | None = None) -> torch.Tensor:
+    """Codes packed for ``device``'s kernel; ``inner_k_tiles`` (CUDA only) overrides the layout picked by shape.
+    The kernel reads the layout from the packed tensor's shape, so nothing else needs to know it."""
     if device.type == "cuda":
-        return _pack_int4_cuda(codes.to(device))
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES)
+        return _pack_int4_cuda(codes.to(device), inner_k_tiles or cuda_inner_k_tiles(codes.shape[1]))
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, CPU_INNER_K_TILES)
 
 
-def _pack_int4_cuda(codes: torch.Tensor) -> torch.Tensor:
-    """CUDA's packing takes two codes a byte, even columns in the high nibble (torch >= 2.5). Not run here."""
+def _pack_int4_cuda(codes: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
+    """CUDA's packing takes two codes a byte, even columns in the high nibble (torch >= 2.5). Checked on a GPU
+    by ``engine/tools/gpu_check.py`` (``layer_outputs``), against the codes' own weight."""
     as_bytes = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
-    return torch.ops.aten._convert_weight_to_int4pack(as_bytes, INNER_K_TILES)
+    return torch.ops.aten._convert_weight_to_int4pack(as_bytes, inner_k_tiles)
 
 
 def _to(tensor: torch.Tensor | None, device) -> torch.Tensor | None:

@@ -1,8 +1,9 @@
 """Weight quantisation applied after loading, by swapping linear layers one at a time.
 
 Two families: bitsandbytes (``int8``, ``nf4``, ``fp4``; embeddings and the output head stay in the compute
-dtype) and the packed weight-only modes (``int4``, ``w8``), where the output head is packed to 8 bits too: on
-the CPU it is the largest single matrix a decode step reads. On the CPU the packed modes hold GGUF-style Q4_1 /
+dtype) and the packed weight-only modes (``int4``, ``w8``), where on the CPU the output head is packed to 8 bits
+too: there it is the largest single matrix a decode step reads (on CUDA it keeps the compute dtype:
+:func:`packs_output_head`). On the CPU the packed modes hold GGUF-style Q4_1 /
 Q8_0 blocks for the native kernels (:mod:`.block_linear`); on CUDA, or where those kernels could not be built,
 torch's own packed int4 / int8 kernels (:mod:`.packed_linear`). Each
 full-precision weight is freed as soon as its quantised replacement exists, so loading never holds two
@@ -117,13 +118,25 @@ def packed_layer(weight: torch.Tensor, mode: str, device: torch.device, bias: to
     return Int8Linear.from_float(_as_linear(weight, bias))  # w8, or shapes the int4 kernel does not take
 
 
+def packs_output_head(device: torch.device) -> bool:
+    """Whether the packed modes give the output head an 8-bit copy on ``device``.
+
+    On the CPU yes: the head is the largest matrix a decode step reads, and the native kernels read Q8_0 blocks
+    in place. On CUDA no: torch has no fast int8 weight-only kernel there, so an 8-bit head (``Int8Linear``)
+    would be dequantised whole at every call, about twice the traffic of all the int4 layers of the default
+    model; it keeps the compute dtype.
+    """
+    return device.type != "cuda"
+
+
 def pack_output_head(model: nn.Module, device: torch.device) -> None:
-    """The output head in 8 bits (Q8_0 blocks, or int8 per row), also when it is tied to the embeddings.
+    """The output head in 8 bits (Q8_0 blocks, or int8 per row) where :func:`packs_output_head` says so, also
+    when it is tied to the embeddings.
 
     A tied head gets its own 8-bit copy: the embedding keeps the compute dtype, since a lookup reads one row.
     """
     head = model.get_output_embeddings()
-    if type(head) is nn.Linear:
+    if type(head) is nn.Linear and packs_output_head(device):
         bias = None if head.bias is None else head.bias.detach()
         model.set_output_embeddings(packed_layer(head.weight.detach(), "w8", device, bias))
 

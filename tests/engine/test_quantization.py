@@ -269,3 +269,32 @@ def test_auto_on_the_cpu_follows_the_gguf_weights(q4_ggufs, tiny_llama, tmp_path
     assert chosen == {"Q4_1": "int4", "Q4_0": "int4", "Q8_0": "w8"}
     assert resolve_quantization("auto", cpu, resolve_source(str(f32))) == "none"
     assert resolve_quantization("auto", cpu, resolve_source(str(tiny_llama))) == "none"
+
+
+def test_on_cuda_the_packed_modes_keep_the_output_head_in_the_compute_dtype(tiny_llama):
+    """torch's int8 head on CUDA dequantises the whole matrix every call; there the head stays a float linear
+    layer, and the estimate counts it so (on the CPU it gets its 8-bit copy)."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.fit import INT4_BYTES_PER_WEIGHT
+    from engine.step.quantization import pack_output_head, quantizable_linears
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    linear = sum(layer.weight.numel() for _, _, layer in quantizable_linears(model))
+    rest = sum(p.numel() for p in model.parameters()) - linear  # embeddings, norms and the untied head
+    head = model.get_output_embeddings()
+    pack_output_head(model, torch.device("cuda"))
+    assert model.get_output_embeddings() is head
+    pack_output_head(model, torch.device("cpu"))
+    assert type(model.get_output_embeddings()) is W8_TYPE
+    source = resolve_source(str(tiny_llama))
+    info, layout = read_model_info(source), output_head(source)
+    on_cuda = weight_bytes(info, "int4", torch.bfloat16, layout, torch.device("cuda"))
+    assert on_cuda == rest * 2 + int(linear * INT4_BYTES_PER_WEIGHT)
+    assert weight_bytes(info, "int4", torch.bfloat16, layout, torch.device("cpu")) < on_cuda
+
+
+def test_the_cuda_int4_layout_is_the_widest_each_shape_takes():
+    from engine.step.packed_linear import cuda_inner_k_tiles
+
+    assert [cuda_inner_k_tiles(n) for n in (4096, 1536, 576, 192, 96, 32)] == [8, 8, 4, 4, 2, 2]
