@@ -1,26 +1,38 @@
 """One prepared run of the CUDA checks, for a machine that has torch and transformers and nothing else.
 
-``python -m engine.tools.gpu_check --device cuda --out DIR`` builds random-weight llama models on the device
-(a tiny one, and with ``--sizes`` a few-hundred-million-parameter one and Llama-3-8B's shape), then checks, each
-part on its own so one failure does not hide the rest: versions and the device probes with their own errors;
-greedy parity with transformers' ``generate`` in float32; bfloat16 against float32; the calls per step that
-wait for the device; the KV cache's default size and the memory held after two model switches; greedy replies
-with CUDA graphs against without; the FlexAttention backend against the torch path (logits over chunked
-prefill and a prefix hit, decode tok/s at 16 chats); decode tok/s at 1, 16 and 64 chats per quantisation, with
-CUDA graphs and without, against the memory-bandwidth bound.
-Everything goes to ``DIR/gpu-check.json``; the exit status is 1 when any part failed, or when ``--device cuda``
-finds no usable GPU (a machine that claims one must not pass by skipping).
+On the lent machine, from the repository root with the carry beside it (``make gpu-carry`` writes it here)::
 
-The machine lent for this has no network: ``--write-carry DIR`` (run here) saves what the check needs beside
-torch and transformers: the default model's tokenizer, bitsandbytes without the libraries for other
-platforms, and platformdirs (``make gpu-carry``). ``--device cpu`` runs the same checks on the CPU, with
-smaller models.
+    PYTHONPATH=build/gpu-carry/site python3 -m engine.tools.gpu_check --out "$OUT"
+
+(``make gpu-check`` runs the same; ``--out`` defaults to ``$OUT`` where it is set). It builds random-weight llama
+models on the device and runs each part on its own, so one failure does not hide the rest, in order of value,
+printing each part's time as it goes:
+
+1. versions and the device probes with their own errors;
+2. every quantised layer's output against its own dequantised weight, int4 in each CUDA layout, timed
+   (:mod:`.layer_check`: a wrong packing passes every other part);
+3. greedy parity with transformers' ``generate`` in float32;
+4. greedy replies with CUDA graphs against without, on ``cuda:0`` named explicitly (and the last GPU where
+   there are several);
+5. the calls per step that wait for the device;
+6. the KV cache's default size (in the blocks the backend runs) and the memory held after two model switches;
+7. the memory a failed capture leaves behind;
+8. bfloat16 against float32;
+9. decode tok/s at 1, 16 and 64 chats per quantisation, with CUDA graphs and without, against the bandwidth
+   bound, for each of ``--sizes`` (default ``tiny,mid``: under 6 minutes on an H200 in all; ``llama3-8b``, Llama
+   3 8B's shape, is optional and goes last);
+10. FlexAttention against the torch path, both with graphs off (a graph replays the torch path's decode).
+
+Everything goes to ``OUT/gpu-check.json``; the exit status is 1 when any part failed, or when ``--device cuda``
+finds no usable GPU (a machine that claims one must not pass by skipping). ``--device cpu`` runs the same
+checks on the CPU, with smaller models (``make gpu-check DEVICE=cpu``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -28,6 +40,9 @@ import time
 from pathlib import Path
 
 import torch
+
+from .gpu_carry import write_carry
+from .layer_check import layer_outputs
 
 PROMPTS = ["hello there", "a much longer prompt about paged attention and blocks " * 6, "short"]
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -41,10 +56,10 @@ SHAPES = {"tiny": TINY, "mid": MID, "llama3-8b": LLAMA3_8B}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.tools.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--carry", type=Path, default=Path("build/gpu-carry"), help="what --write-carry saved")
     parser.add_argument("--sizes", help="models for the decode part, from tiny, mid, llama3-8b "
-                        "(default: all three on CUDA, tiny on the CPU)")
+                        "(default: tiny,mid on CUDA, tiny on the CPU)")
     parser.add_argument("--write-carry", type=Path, help="save the tokenizer and a trimmed bitsandbytes, then stop")
     args = parser.parse_args(argv)
     if args.write_carry:
@@ -53,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(args.carry / "site"))  # the carried bitsandbytes
     report: dict = {"device_asked": args.device, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     failed: list[str] = []
+    began = time.perf_counter()
 
     def part(name: str, run) -> None:
         started = time.perf_counter()
@@ -61,36 +77,47 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # each part reports its own failure; the others still run
             report[name] = {"error": f"{exc.__class__.__name__}: {exc}"}
             failed.append(name)
-        print(f"{name}: {time.perf_counter() - started:.1f} s, {'FAILED' if name in failed else 'ok'}", flush=True)
+        took, total = time.perf_counter() - started, time.perf_counter() - began
+        report.setdefault("seconds", {})[name] = round(took, 1)
+        print(f"{name}: {took:.1f} s (total {total:.0f} s), {'FAILED' if name in failed else 'ok'}", flush=True)
 
     part("environment", lambda: environment(args.device))
     if args.device == "cuda" and not torch.cuda.is_available():
         failed.append("no usable CUDA device")
     else:
         with tempfile.TemporaryDirectory() as folder:
-            tokenizer = args.carry / "tokenizer"
-            built: dict[str, Path] = {}
-
-            def model(size: str) -> Path:  # each size built once, inside the part that first needs it
-                if size not in built:
-                    built[size] = build_model(Path(folder) / size, SHAPES[size], tokenizer)
-                return built[size]
-
-            tiny = model("tiny")
-            part("parity_float32", lambda: parity_float32(tiny, args.device))
-            part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, args.device))
-            part("syncs_per_step", lambda: syncs_per_step(tiny, args.device))
-            part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, args.device))
-            part("graphs_parity", lambda: graphs_parity(tiny, args.device))
-            part("flex_vs_torch", lambda: flex_vs_torch(model("mid" if args.device == "cuda" else "tiny"), args.device))
-            sizes = args.sizes or ("tiny,mid,llama3-8b" if args.device == "cuda" else "tiny")
-            for size in sizes.split(","):
-                part(f"decode_{size}", lambda size=size: decode_speed(model(size), args.device))
+            run_parts(part, args.device, args.sizes, Path(folder), args.carry / "tokenizer")
     report["failed"] = failed
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({"failed": failed}, indent=2))
     return 1 if failed else 0
+
+
+def run_parts(part, device: str, sizes: str | None, folder: Path, tokenizer: Path) -> None:
+    """Every part after the environment, most valuable first; models are built once, by the first part that
+    needs them."""
+    built: dict[str, Path] = {}
+
+    def model(size: str) -> Path:
+        if size not in built:
+            built[size] = build_model(folder / size, SHAPES[size], tokenizer)
+        return built[size]
+
+    tiny = model("tiny")
+    part("layer_outputs", lambda: layer_outputs(device))
+    part("parity_float32", lambda: parity_float32(tiny, device))
+    part("graphs_parity", lambda: graphs_parity(tiny, device))
+    part("syncs_per_step", lambda: syncs_per_step(tiny, device))
+    part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, device))
+    part("failed_capture_memory", lambda: failed_capture_memory(tiny, device))
+    part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, device))
+    chosen = (sizes or ("tiny,mid" if device == "cuda" else "tiny")).split(",")
+    for size in [s for s in chosen if s != "llama3-8b"]:
+        part(f"decode_{size}", lambda size=size: decode_speed(model(size), device))
+    part("flex_vs_torch", lambda: flex_vs_torch(model("mid" if device == "cuda" else "tiny"), device))
+    if "llama3-8b" in chosen:
+        part("decode_llama3-8b", lambda: decode_speed(model("llama3-8b"), device))
 
 
 def environment(device: str) -> dict:
@@ -210,7 +237,8 @@ def flex_vs_torch(model: Path, device: str) -> dict:
     """The FlexAttention backend against the torch path: first-token logits for a long prompt prefilled in
     chunks, then (after an unrelated request took the next blocks) the same prompt with a new ending, a prefix
     hit on blocks that are not consecutive, within the bfloat16 tolerance; and decode tok/s at 16 chats on
-    each, timed after a warm-up run (which on CUDA compiles the flex kernels). On the CPU flex runs uncompiled."""
+    each, timed after a warm-up run (which on CUDA compiles the flex kernels), with CUDA graphs off for both. On
+    the CPU flex runs uncompiled."""
     from .bench import kvasir_load
     from .evaluation import eval_text
 
@@ -218,7 +246,8 @@ def flex_vs_torch(model: Path, device: str) -> dict:
     words = eval_text().split()
     long = " ".join(words[: shape["prompt_words"]])
     prompts = [long, " ".join(words[-200:]), long + " What happens next, in one sentence?"]
-    settings = dict(dtype="bfloat16" if device == "cuda" else "float32", quantization="none",
+    # graphs off for both: a graph replays the torch path's decode attention whatever the backend
+    settings = dict(dtype="bfloat16" if device == "cuda" else "float32", quantization="none", cuda_graphs=False,
                     max_num_batched_tokens=shape["chunk"], **({} if device == "cuda" else {"num_kv_blocks": 96}))
     logits, speed, stats = {}, {}, {}
     for backend in ("flex", "torch"):
@@ -294,7 +323,10 @@ def kv_sizing_and_switches(model: Path, device: str) -> dict:
     stats = engine.stats()
     first = held()
     result = {"step_peak_bytes": engine.step_peak_bytes, "kv_blocks": stats.kv_blocks_total,
-              "kv_cache_bytes": stats.kv_cache_memory_bytes, "held_after_load": first}
+              "block_size": stats.block_size, "attention": stats.attention_backend,
+              "kv_cache_bytes": stats.kv_cache_memory_bytes, "held_after_load": first,
+              "estimated_kv_tokens": engine.estimate(engine.config).kv_tokens,
+              "allocated_kv_tokens": stats.kv_blocks_total * stats.block_size}
     for dtype in ("bfloat16", "float32"):
         engine.switch_model(EngineConfig(model=str(model), device=device, dtype=dtype, quantization="none"))
         result[f"held_after_switch_to_{dtype}"] = held()
@@ -356,8 +388,17 @@ def _decode_rates(engine, prefix: str) -> dict:
 
 
 def graphs_parity(model: Path, device: str) -> dict:
-    """Greedy replies with CUDA graphs equal those without, in float32 and bfloat16, over batches that are
-    padded (3 and 5 chats) and replies whose block tables cross a width bucket."""
+    """Greedy replies with CUDA graphs equal those without, on ``cuda:0`` named explicitly (and on the last GPU
+    where there are several: a capture there with device 0 current would record nothing)."""
+    if device != "cuda":
+        return _graphs_parity_on(model, device)
+    last = torch.cuda.device_count() - 1
+    return {f"cuda:{index}": _graphs_parity_on(model, f"cuda:{index}") for index in sorted({0, last})}
+
+
+def _graphs_parity_on(model: Path, device: str) -> dict:
+    """Graphs against eager steps on ``device``, in float32 and bfloat16, over batches that are padded (3 and 5
+    chats) and replies whose block tables cross a width bucket."""
     from .. import SamplingParams
 
     prompts = PROMPTS + ["one more chat", "and a fifth one, about graphs"]
@@ -389,6 +430,39 @@ def graphs_parity(model: Path, device: str) -> dict:
     return result
 
 
+def failed_capture_memory(model: Path, device: str) -> dict:
+    """The device memory a failed capture leaves held: a step that reads back to the host inside the capture
+    fails it, the engine turns graphs off and serves eagerly (the same tokens), and after the allocator's cache
+    is returned the memory held should be what an engine that never captured holds."""
+    from .. import SamplingParams
+
+    if device != "cuda":
+        return {"note": "not on the CPU"}
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    held, replies, reason = {}, {}, ""
+    for graphs in (False, True):
+        engine = _engine(model, device, dtype="bfloat16", quantization="none", num_kv_blocks=64, cuda_graphs=graphs)
+        if graphs:
+            steps, forward = engine.runner.graphs, engine.runner.graphs.forward
+
+            def reads_back(inputs, batch, width, _forward=forward):
+                _forward(inputs, batch, width)
+                inputs.sum().item()  # refused while a stream is capturing
+
+            steps.forward = reads_back
+        replies[graphs] = [out.token_ids for out in engine.generate(PROMPTS, params)]
+        reason = engine.stats().cuda_graphs_reason if graphs else reason
+        _return_memory(device)
+        held[graphs] = torch.cuda.memory_reserved()
+        del engine
+        _return_memory(device)
+    result = {"reason": reason, "reserved_never_captured": held[False], "reserved_after_failed_capture": held[True],
+              "kept_bytes": held[True] - held[False]}
+    if not reason.startswith("capturing a decode step failed") or replies[True] != replies[False]:
+        raise AssertionError(f"the failed capture did not fall back to the same eager replies: {result}")
+    return result
+
+
 def _copy_bandwidth(device: str) -> float:
     """Bytes a second one device-to-device copy moves (read plus write), the bound's denominator."""
     source = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
@@ -403,47 +477,6 @@ def _copy_bandwidth(device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     return 2 * source.numel() * 10 / (time.perf_counter() - started)
-
-
-def write_carry(folder: Path) -> None:
-    """The default model's tokenizer; bitsandbytes' Python files with its CPU and CUDA 13 libraries only; and
-    platformdirs (pure Python; the engine's cache folders), psutil (memory; its library is abi3, so any Python 3
-    loads it) and accelerate (pure Python; the loaders build models on ``meta`` with it), which torch and
-    transformers do not bring (accelerate's own needs, numpy, pyyaml, safetensors, huggingface_hub, are
-    transformers' too)."""
-    import accelerate
-    import bitsandbytes
-    import platformdirs
-    import psutil
-    from transformers import AutoTokenizer
-
-    from ..models.sources import default_model_path
-
-    path = default_model_path()
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(folder / "tokenizer")
-    source = Path(bitsandbytes.__file__).parent
-    target = folder / "site" / "bitsandbytes"
-    shutil.rmtree(target, ignore_errors=True)
-    # the lent machine's torch is a CUDA 13 build: bitsandbytes loads libbitsandbytes_cuda13x there
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*rocm*", "*xpu*", "*cuda1[0-2]*"))
-    _copy_metadata("bitsandbytes", folder / "site")
-    for package in (platformdirs, psutil, accelerate):
-        name = package.__name__
-        shutil.rmtree(folder / "site" / name, ignore_errors=True)
-        shutil.copytree(Path(package.__file__).parent, folder / "site" / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "tests"))
-        _copy_metadata(name, folder / "site")
-    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    print(f"{folder}: {size / 2**20:.1f} MiB")
-
-
-def _copy_metadata(name: str, site: Path) -> None:
-    """The package's ``.dist-info`` folder: transformers checks the versions of what it uses through it."""
-    from importlib.metadata import distribution
-
-    dist_info = Path(distribution(name)._path)  # the installed .dist-info folder
-    shutil.rmtree(site / dist_info.name, ignore_errors=True)
-    shutil.copytree(dist_info, site / dist_info.name)
 
 
 if __name__ == "__main__":

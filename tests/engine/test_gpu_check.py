@@ -4,9 +4,10 @@ absent (a check that skips there would pass on a broken machine)."""
 import json
 import shutil
 
+import pytest
 import torch
 
-from engine.tools import gpu_check
+from engine.tools import gpu_carry, gpu_check, layer_check
 
 
 def _carry(tmp_path, tokenizer_dir):
@@ -32,6 +33,37 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, tokenizer_dir):
     assert decode["none"]["cuda_graphs"] == 0 and decode["none"]["cuda_graphs_reason"] == "not on the CPU"
     assert "eager_64_chats_tok_s" not in decode["none"]  # graphs off is the same run on the CPU: not repeated
     assert report["graphs_parity"] == {"note": "not on the CPU"}
+    assert report["failed_capture_memory"] == {"note": "not on the CPU"}
+    layers = report["layer_outputs"]
+    assert set(layers) == {f"{i}x{o}" for i, o in layer_check.SHAPES["cpu"]}
+    assert all(row["relative_error"] <= layer_check.TOLERANCE and row["ms_16_rows"] > 0
+               for shape in layers.values() for row in shape.values())
+    assert {"int4", "w8"} == set(layers["576x1536"])
+    # most valuable first, each part timed
+    parts = [key for key in report if key not in ("device_asked", "started", "seconds", "failed")]
+    assert parts[:4] == ["environment", "layer_outputs", "parity_float32", "graphs_parity"]
+    assert parts[-1] == "flex_vs_torch" and set(report["seconds"]) == set(parts)
+
+
+def test_the_layer_check_catches_a_wrong_int4_packing(monkeypatch):
+    """Every other part compares quantised runs with each other, so a wrong packing would pass them all."""
+    from engine.step import packed_linear
+
+    pack = packed_linear._pack_int4
+    monkeypatch.setattr(packed_linear, "_pack_int4", lambda codes, device, tiles=None: pack(15 - codes, device, tiles))
+    with pytest.raises(AssertionError, match="int4: relative error"):
+        layer_check.layer_outputs("cpu")
+
+
+def test_the_carry_holds_one_cuda_library_and_fits(tmp_path):
+    """64 MiB travel with the working tree: bitsandbytes ships a CUDA library per toolkit (over 120 MiB)."""
+    size = gpu_carry.write_carry(tmp_path / "carry")
+    libraries = sorted(p.name for p in (tmp_path / "carry" / "site" / "bitsandbytes").glob("libbitsandbytes_*"))
+    assert libraries == ["libbitsandbytes_cpu.so", f"{gpu_carry.CUDA_LIBRARY}.so"]
+    assert size == gpu_carry.carry_bytes(tmp_path / "carry") <= gpu_carry.CARRY_LIMIT_BYTES
+    for name in ("tokenizer/tokenizer.json", "site/accelerate/__init__.py", "site/psutil/__init__.py",
+                 "site/platformdirs/__init__.py"):
+        assert (tmp_path / "carry" / name).is_file(), name
 
 
 def test_gpu_check_fails_where_cuda_is_claimed_but_absent(tmp_path, tokenizer_dir):
