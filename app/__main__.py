@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from .bridge import EngineBridge
     from .main_window import MainWindow
     from .resources import APP_ID, app_icon
+    from .session import ChatSession
 
     app = create_application(sys.argv[:1])
     app.setApplicationVersion(__version__)
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     bridge = EngineBridge()
-    window = MainWindow(store, bridge, library, settings)
+    window = MainWindow(ChatSession(store, bridge, library, settings))
     window.show()
     bridge.start(config)
     with loop:

@@ -9,10 +9,8 @@ from PySide6.QtCore import QObject, Signal
 
 from engine import SamplingParams
 
-from .bridge import ChatEngine
 from .conversations import Conversations
-from .remote_engines import RemoteEngines
-from .remote_store import choice_of
+from .reply_sources import ReplySources
 from .store import Message
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
@@ -30,10 +28,9 @@ class ChatController(QObject):
     reply_finished = Signal(int, object)  # conversation id, the stored Message
     error = Signal(str)
 
-    def __init__(self, conversations: Conversations, bridge: ChatEngine, parent=None,
-                 remote: RemoteEngines | None = None) -> None:
+    def __init__(self, conversations: Conversations, sources: ReplySources, parent=None) -> None:
         super().__init__(parent)
-        self.conversations, self.bridge, self.remote = conversations, bridge, remote
+        self.conversations, self.sources = conversations, sources
         self.tasks: dict[int, asyncio.Task] = {}
         self.streaming: dict[int, dict[int, str]] = {}  # conversation -> reply id -> text so far
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
@@ -125,9 +122,9 @@ class ChatController(QObject):
 
     async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> Message:
         messages = self.messages_for_model(conversation_id)  # a continued reply is its last message
-        remote = choice_of(self.conversations.get(conversation_id)) if self.remote is not None else None
+        source = self.sources.of(conversation_id)
         if continuing is None:
-            model, quantization = self._model_names(remote)
+            model, quantization = source.model_names()
             reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
                                                    status="partial", model=model, quantization=quantization)
         else:
@@ -139,10 +136,7 @@ class ChatController(QObject):
         text, last, status, error, saved = before, None, "stopped", None, time.monotonic()
         try:
             sampling = self.sampling_for(conversation_id)
-            if remote is not None:
-                stream = self.remote.stream(remote, messages, sampling)
-            else:
-                stream = self.bridge.stream(messages, sampling)
+            stream = source.stream(messages, sampling)
             self.request_owners[stream.request_id] = conversation_id
             async for out in stream:
                 if last is None and out.metrics.ttft_s is not None:
@@ -166,13 +160,6 @@ class ChatController(QObject):
                                                        stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
         return stored
-
-    def _model_names(self, remote) -> tuple[str | None, str | None]:
-        """The model and quantisation a reply is written by: the remote server's model, or the local one's."""
-        if remote is not None:
-            return self.remote.label(remote), None
-        stats = self.bridge.stats()
-        return (stats.model_name, stats.quantization) if stats else (None, None)
 
 
 def _metrics(out, earlier: dict | None = None) -> dict:

@@ -18,7 +18,6 @@ from .chat_controller import ChatController
 from .conversations import Conversations
 from .export import from_json, to_json, to_markdown
 from .personas import Personas
-from .remote_store import SETTING as REMOTE_SETTING
 from .settings import DEFAULTS, Settings
 from .store import Conversation
 
@@ -72,18 +71,9 @@ class ConversationActions(QObject):
             settings = {k: v for k, v in source.settings.items() if k != "skip_messages"}
             return self.conversations.create("New chat", source.system_prompt, source.preset, settings)
         preset = self.personas.get(self.settings["preset"]) or self.personas.get(DEFAULTS["preset"])
-        settings = dict(self.settings["sampling"])
-        remote = self._on_screen_settings().get(REMOTE_SETTING)
-        if remote is not None:
-            settings[REMOTE_SETTING] = remote
+        settings = {**self.settings["sampling"], **self.controller.sources.placement(self.current)}
         return self.conversations.create("New chat", preset.system_prompt if preset else "",
                                          preset.name if preset else None, settings)
-
-    def _on_screen_settings(self) -> dict:
-        try:
-            return self.conversations.get(self.current).settings if self.current is not None else {}
-        except KeyError:
-            return {}
 
     # -- chats --------------------------------------------------------------------------------------
 

@@ -26,63 +26,55 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import EngineConfig, EngineStats, ModelLibrary
+from engine import EngineConfig, EngineStats
 
 from .about_dialog import AboutDialog
-from .bridge import ChatEngine
-from .chat_controller import ChatController
 from .chat_settings import ChatSettingsDialog, PreferencesDialog
 from .chat_view import ChatView, MessageAction, finished_announcement
 from .composer import Composer
-from .conversation_actions import ConversationActions, Overflow
+from .context_meter import ContextMeter
+from .conversation_actions import Overflow
 from .conversation_list import ChatAction, ConversationSidebar
-from .conversations import Conversations
-from .engine_banner import EngineBanner, not_ready_message
+from .engine_banner import EngineBanner
 from .engine_panel import EnginePanel
-from .local_api import LocalApi
 from .model_bar import ModelBar
 from .model_dialog import ModelDialog
-from .personas import Personas
-from .remote_engines import RemoteEngines
 from .remote_panel import RemotePanel
 from .remote_servers import RemoteServersDialog
-from .remote_store import SETTING as REMOTE_SETTING
-from .remote_store import RemoteChoice, RemoteServerStore, choice_of
-from .settings import DEFAULTS, Settings, load_presets, next_text_scale
+from .remote_store import RemoteChoice
+from .reply_flow import ReplyFlow
+from .reply_sources import LocalSource, RemoteSource
+from .session import ChatSession
+from .settings import DEFAULTS, next_text_scale
 from .shortcuts import COMMANDS, MENUS, ShortcutsDialog
-from .store import Message, Store
+from .store import Message
 from .theme import apply_theme, follow_system_scheme, stop_following_system_scheme
-from .token_counter import TokenCounter
 from .window_geometry import first_start_geometry, fit_to_screen
 
 
 class MainWindow(QMainWindow):
-    """Layout and wiring. The chats live in :class:`Conversations` (which says what changed), what users do to
-    them in :class:`ConversationActions`, replies in :class:`ChatController`, the engine behind the bridge."""
+    """Layout and wiring over a :class:`ChatSession`, built before the window: the chats live in its
+    :class:`Conversations` (which says what changed), what users do to them in its :class:`ConversationActions`,
+    replies in its :class:`ChatController`, where each chat runs in its :class:`ReplySources`."""
 
-    def __init__(self, store: Store, bridge: ChatEngine, library: ModelLibrary | None = None,
-                 settings: Settings | None = None, remote: RemoteEngines | None = None) -> None:
+    def __init__(self, session: ChatSession) -> None:
         super().__init__()
         self.setWindowTitle("Kvasir")
-        self.store, self.bridge = store, bridge
-        self.library = library or ModelLibrary()
-        self.settings = settings or Settings()
-        self.personas = Personas(store, load_presets(), self.settings, self)
-        self.conversations = Conversations(store, self)
-        self.remote = remote if remote is not None else RemoteEngines(RemoteServerStore(), self)
-        self.controller = ChatController(self.conversations, bridge, self, remote=self.remote)
-        self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)
-        self.tokens = TokenCounter(bridge.count_tokens)
-        self.local_api = LocalApi(lambda: getattr(bridge, "engine", None), self)  # the bridge's own engine
+        self.session = session
+        self.store, self.bridge, self.library, self.settings = session.store, session.bridge, session.library, \
+            session.settings
+        self.personas, self.conversations, self.remote = session.personas, session.conversations, session.remote
+        self.sources, self.controller, self.actions = session.sources, session.controller, session.actions
+        self.tokens, self.local_api = session.tokens, session.local_api
+        self.flow = ReplyFlow(session, dialogs=self, parent=self)
+        self.meter = ContextMeter(session, self)
         self._build()
         self._connect()
-        self.local_api.apply(self.settings["api"])
         self._restore_geometry()
         self.apply_theme(self.settings["theme"])
         follow_system_scheme(self._system_scheme_changed)
         self.set_text_scale(self.settings["text_scale"], save=False)
-        self.actions.open_first()
-        self.remote.refresh_all()
+        session.start()
 
     @property
     def current(self) -> int | None:
@@ -212,6 +204,9 @@ class MainWindow(QMainWindow):
         self.conversations.conversation_changed.connect(self._conversation_changed)
         self.composer.send.connect(self.send)
         self.composer.stop.connect(self.stop)
+        self.flow.notice.connect(lambda text, ms: self.statusBar().showMessage(text, ms))
+        self.meter.counted.connect(self.composer.set_context)
+        self.meter.counted_by_server.connect(lambda: self.composer.context.setText("context: counted by the server"))
         self.chat.action.connect(self._message_action)
         self.controller.reply_started.connect(self._reply_started)
         self.controller.reply_delta.connect(self._reply_delta)
@@ -238,18 +233,15 @@ class MainWindow(QMainWindow):
         self._show_engine()
         self.composer.set_generating(self.controller.is_generating(conversation_id))
         self.composer.edit.setFocus()
-        self._recount_context()
 
     def _thread_changed(self, conversation_id: int) -> None:
         if conversation_id == self.current:
             self._refresh_chat()
-            self._recount_context()
 
     def _conversation_changed(self, conversation_id: int) -> None:
         if conversation_id == self.current:
             self._update_header()
             self._show_engine()
-            self._recount_context()
 
     def edit_chat_settings(self) -> None:
         conv = self.conversations.get(self.current)
@@ -308,21 +300,18 @@ class MainWindow(QMainWindow):
         dialog.show()
         dialog.raise_()
 
-    def remote_choice(self) -> RemoteChoice | None:
-        """The remote model the chat on screen runs on; None when it runs on the local engine."""
-        return choice_of(self.conversations.get(self.current)) if self.current is not None else None
-
-    def _can_reply(self) -> bool:
-        return self.remote_choice() is not None or self.bridge.ready
+    def source(self) -> LocalSource | RemoteSource:
+        """Where the replies of the chat on screen come from."""
+        return self.sources.of(self.current) if self.current is not None else self.sources.local
 
     def use_remote(self, choice: RemoteChoice) -> None:
         """The chat on screen runs on a remote server's model from now on."""
         if self.current is not None:
-            self.conversations.set_setting(self.current, REMOTE_SETTING, choice.to_setting())
+            self.sources.run_on(self.current, choice)
 
     def _show_engine(self) -> None:
         """The model bar, the panel and the metrics polling follow where the chat on screen runs."""
-        choice = self.remote_choice()
+        choice = self.source().remote
         self.model_bar.show_remote(choice)
         self.remote_panel.show_choice(choice)
         self.panels.setCurrentWidget(self.remote_panel if choice else self.panel)
@@ -334,28 +323,16 @@ class MainWindow(QMainWindow):
         return dialog
 
     def send(self, text: str) -> asyncio.Task | None:
-        if not self._can_reply():
-            self.statusBar().showMessage(not_ready_message(self.bridge), 6000)
-            return None
-        editing = self.composer.editing_id
-        if editing is None and not self._make_room(text):
-            return None
-        self.composer.clear()
-        if editing is not None:
-            return self.controller.edit(self.current, editing, text)
-        return self.controller.send(self.current, text)
+        """Send the composer's text (see :class:`ReplyFlow`); the box empties only once it has gone."""
+        task = self.flow.send(text, self.composer.editing_id)
+        if task is not None:
+            self.composer.clear()
+        return task
 
-    def _make_room(self, text: str) -> bool:
-        """The context policy (see :meth:`ConversationActions.make_room`), with its dialogs."""
-        stats = self.bridge.stats()
-        if stats is None or self.remote_choice() is not None:  # a remote server checks its own context
-            return True
-        outcome = self.actions.make_room(text, stats.max_model_len, self.tokens.count, self.ask_overflow)
-        if outcome == "too-long":
-            QMessageBox.warning(self, "Message too long",
-                                "This message does not fit the model's context even on its own. Shorten it, or "
-                                "lower 'Max tokens per reply' in the chat settings.")
-        return outcome in ("fits", "dropped")
+    def warn_too_long(self) -> None:
+        QMessageBox.warning(self, "Message too long",
+                            "This message does not fit the model's context even on its own. Shorten it, or "
+                            "lower 'Max tokens per reply' in the chat settings.")
 
     def ask_overflow(self, overflow: Overflow) -> str | None:
         """'drop', 'new' or None (cancel)."""
@@ -374,20 +351,14 @@ class MainWindow(QMainWindow):
         return box, {drop: "drop", new: "new"}
 
     def stop(self) -> None:
-        if self.current is not None and self.controller.is_generating(self.current):
-            self.controller.stop(self.current)
-        else:
+        if not self.flow.stop():
             self.composer.cancel_editing()
 
     def regenerate(self) -> asyncio.Task | None:
-        if self.current is None or not self._can_reply():
-            return None
-        return self.controller.regenerate(self.current)
+        return self.flow.regenerate()
 
     def continue_reply(self, message_id: int) -> asyncio.Task | None:
-        if self.current is None or not self._can_reply():
-            return None
-        return self.controller.continue_reply(self.current, message_id)
+        return self.flow.continue_reply(message_id)
 
     def _message_action(self, action: MessageAction, message_id: int) -> None:
         if action is MessageAction.EDIT:
@@ -438,14 +409,14 @@ class MainWindow(QMainWindow):
     def switch_model(self, config: EngineConfig) -> asyncio.Future | None:
         """Load ``config`` in place of the serving model; replies being written are stopped, so ask first.
         A chat that ran on a remote server runs on the local engine from now on."""
-        if self.remote_choice() is not None:
-            self.conversations.set_setting(self.current, REMOTE_SETTING, None)
+        if self.source().remote is not None:
+            self.sources.run_on(self.current, None)
             served = self.bridge.config
             if self.bridge.serving and served is not None and (served.model, served.quantization) == (
                     config.model, config.quantization):
                 self.model_bar.progress.hide()
                 return None  # that model serves already
-        writing = sum(1 for c in self.controller.tasks if choice_of(self.conversations.get(c)) is None)  # local
+        writing = sum(1 for c in self.controller.tasks if self.sources.is_local(c))
         if writing and not self.confirm_switch(writing):
             self.model_bar.show_serving()
             self.model_bar.progress.hide()
@@ -499,20 +470,18 @@ class MainWindow(QMainWindow):
         if conversation_id == self.current:
             self.composer.set_generating(False)
             self.chat.announce(finished_announcement(message))
-            if self.remote_choice() is not None:
+            if self.source().remote is not None:
                 self.remote_panel.record_reply(message.stats)
 
     def _first_token(self, conversation_id: int, seconds: float) -> None:
         """The local panel times local replies; the remote panel those of the server it shows."""
-        remote = choice_of(self.conversations.get(conversation_id))
+        remote = self.sources.of(conversation_id).remote
         if remote is None:
             self.panel.record_ttft(seconds)
         elif self.remote_panel.choice is not None and remote.server_id == self.remote_panel.choice.server_id:
             self.remote_panel.record_ttft(seconds)
 
     def _loaded(self, stats: EngineStats) -> None:
-        self.tokens.forget()  # another model reads another number of tokens
-        self._recount_context()
         self.banner.hide()
         self._stats(stats)
         self.statusBar().showMessage(f"{stats.model_name} is ready", 4000)
@@ -554,23 +523,6 @@ class MainWindow(QMainWindow):
         else:
             self.panel.record(stats)  # the charts' history goes on while the panel is hidden
 
-    def _recount_context(self) -> None:
-        """Count the chat's tokens again (a worker thread, cached): when the chat, its persona or the model
-        changed; never on a timer."""
-        if self.current is not None and self.remote_choice() is not None:
-            self.composer.context.setText("context: counted by the server")
-        elif self.current is not None and self.bridge.ready:
-            self.context_count = asyncio.ensure_future(self._count_context(self.current))
-
-    async def _count_context(self, conversation_id: int) -> None:
-        stats = self.bridge.stats()
-        try:
-            used = await self.tokens.count_later(self.controller.messages_for_model(conversation_id))
-        except Exception:  # no tokenizer (the engine went away meanwhile): the meter keeps its last value
-            return
-        if conversation_id == self.current and stats is not None:
-            self.composer.set_context(used, stats.max_model_len)
-
     # -- window state -------------------------------------------------------------------------------
 
     def _restore_geometry(self) -> None:
@@ -594,11 +546,8 @@ class MainWindow(QMainWindow):
         settings = QSettings("Kvasir", "Kvasir")
         settings.setValue("geometry", self.saveGeometry())
         settings.setValue("splitter", self.splitter.saveState())
-        for task in [*self.controller.tasks.values(), getattr(self, "context_count", None)]:
-            if task is not None:
-                task.cancel()
-        self.local_api.shutdown()
-        self.remote.shutdown()
+        self.meter.cancel()
+        self.session.shutdown()
         super().closeEvent(event)
 
 

@@ -48,6 +48,7 @@ def start_offscreen(prefix: str) -> OffscreenApp:
     from .application import create_application
     from .bridge import EngineBridge
     from .main_window import MainWindow
+    from .session import ChatSession
     from .store import Store
 
     app = create_application(sys.argv[:1])
@@ -55,6 +56,6 @@ def start_offscreen(prefix: str) -> OffscreenApp:
     asyncio.set_event_loop(loop)
     store = Store(Path(os.environ["KVASIR_DATA_DIR"]) / "kvasir.db")
     bridge = EngineBridge()
-    window = MainWindow(store, bridge)
+    window = MainWindow(ChatSession(store, bridge))
     window.show()
     return OffscreenApp(app, loop, store, bridge, window)

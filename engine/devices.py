@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelLoadError
+from .models.sizes import MEMORY_SHARE, float_weight_bytes, kv_bytes_per_token
 
 NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU while NVIDIA's Linux driver is loaded
 
@@ -158,9 +159,7 @@ def _auto_on_cuda(device: torch.device, info, dtype: torch.dtype) -> tuple[str, 
 
 def _fits_unquantised(info, dtype: torch.dtype, free_bytes: int) -> bool:
     """Whether the weights in ``dtype`` and a full context of KV cache take at most 90% of ``free_bytes``."""
-    from .models.fit import MEMORY_SHARE, kv_bytes_per_token, weight_bytes
-
-    needed = weight_bytes(info, "none", dtype) + info.context_length * kv_bytes_per_token(info, dtype)
+    needed = float_weight_bytes(info, dtype) + info.context_length * kv_bytes_per_token(info, dtype)
     return needed <= MEMORY_SHARE * free_bytes
 
 

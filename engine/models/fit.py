@@ -15,6 +15,7 @@ from ..step.quantization import PACKED_MODES, packs_output_head, uses_native_blo
 from . import gguf_cache
 from .gguf_info import GGML_TYPE_NAMES, read_gguf_info
 from .model_info import ModelInfo, read_model_info
+from .sizes import MEMORY_SHARE, float_weight_bytes, kv_bytes_per_token
 from .sources import ModelSource, resolve_source
 from .weights_check import model_config
 
@@ -28,7 +29,6 @@ Q4_K_BYTES_PER_WEIGHT = 24 / 32
 # packed 8-bit: Q8_0 blocks, a byte a weight and a float16 scale per 32 (torch's int8 rows are 6% smaller)
 W8_BYTES_PER_WEIGHT = 34 / 32
 MIN_CONTEXT_TOKENS = 256  # refuse a configuration that leaves less KV room than this
-MEMORY_SHARE = 0.9  # of the free memory that weights and KV cache may take together
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,7 @@ def weight_bytes(info: ModelInfo, quantization: str, dtype: torch.dtype, head: O
     other = info.parameter_count - info.linear_parameter_count
     linear = info.linear_parameter_count
     if quantization == "none":
-        return info.parameter_count * element
+        return float_weight_bytes(info, dtype)
     if quantization in PACKED_MODES:
         native = device is not None and uses_native_blocks(device, BLOCK)
         linear = _packed_linear_bytes(info, quantization, native, q4_k_weights)
@@ -170,11 +170,6 @@ def host_load_bytes(source: ModelSource, info: ModelInfo, quantization: str, dty
         return info.parameter_count * element
     head = output_head(source)
     return head.rows * head.cols * (4 + element)
-
-
-def kv_bytes_per_token(info: ModelInfo, dtype: torch.dtype) -> int:
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * info.num_layers * info.num_kv_heads * info.head_dim * element
 
 
 def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import median
 
 from .sequence import Sequence
@@ -34,6 +34,20 @@ class RequestMetrics:
             span = seq.last_token_time - seq.first_token_time
             rate = (seq.num_output_tokens - 1) / span if span > 0 else None
         return cls(queue, ttft, seq.num_prompt_tokens, seq.num_cached_prompt_tokens or 0, seq.num_output_tokens, rate)
+
+    def to_dict(self) -> dict:
+        """The metrics by name, as the command line's ``--json`` line and the endpoint report them."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """'[TTFT 120 ms | 48 tokens | 21.3 tok/s | 32/40 prompt tokens from cache]' (unknown counts left out)."""
+        rate = f"{self.decode_tokens_per_s:.1f} tok/s" if self.decode_tokens_per_s else "-"
+        ttft = f"TTFT {self.ttft_s * 1000:.0f} ms" if self.ttft_s is not None else "TTFT -"
+        parts = [ttft, f"{self.output_tokens} tokens", rate]
+        if self.prompt_tokens is not None:
+            cached = "?" if self.cached_prompt_tokens is None else self.cached_prompt_tokens
+            parts.append(f"{cached}/{self.prompt_tokens} prompt tokens from cache")
+        return "[" + " | ".join(parts) + "]"
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,8 @@ from ..config import EngineConfig
 from ..sampling_params import SamplingParams
 from ..serving.engine import Engine
 from . import peers
+from .evaluation import chunked_perplexity, eval_text, perplexity
+from .plain_attention import plain_attention
 
 SINGLE_ROUNDS = 3
 TOPICS = [
@@ -61,17 +63,6 @@ def run_engine(engine: Engine, prompts: list[list[int]], new_tokens: int, name: 
     outputs = engine.generate(prompts, params)
     seconds = time.perf_counter() - start
     return BenchResult(name, len(prompts), sum(len(o.token_ids) for o in outputs), seconds)
-
-
-@contextlib.contextmanager
-def plain_attention(model):
-    """Let transformers' own generation run on the engine's module (same weights) with sdpa attention."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        yield model
-    finally:
-        model.set_attn_implementation(previous)
 
 
 def run_generate_batch(model, prompts: list[list[int]], new_tokens: int) -> BenchResult:
@@ -196,7 +187,6 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def _tokens_of_text(engine: Engine) -> list[int]:
-    from .evaluation import eval_text
 
     return engine.tokenizer.encode(eval_text(), add_special_tokens=False)
 
@@ -216,7 +206,6 @@ def sized_prompt(engine: Engine, topic: str, filler: list[str], length: int = PR
 
 def prompt_set(engine: Engine, n: int, salt: int) -> list[list[int]]:
     """``n`` distinct chat prompts of PROMPT_TOKENS; ``salt`` makes each set new, so no run reuses another's cache."""
-    from .evaluation import eval_text
 
     words = eval_text().split()
     starts = [(salt * 211 + i * 37) % (len(words) - PROMPT_TOKENS) for i in range(n)]
@@ -336,7 +325,6 @@ def peak_rss_bytes() -> int:
 
 def measure_kvasir(engine: Engine, chats, new_tokens: int, progress) -> tuple[dict, list]:
     """Every Kvasir figure; also the shared inputs the peers are given (system-prompt pairs, conversation turns)."""
-    from .evaluation import chunked_perplexity, eval_text, perplexity
 
     text_ids = _tokens_of_text(engine)
     loads = kvasir_loads(engine, chats, new_tokens, progress)

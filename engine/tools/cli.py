@@ -9,8 +9,8 @@ import sys
 
 from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
-from ..sampling_params import SamplingParams
 from ..step.attention_backend import ATTENTION_BACKENDS
+from .reply_args import messages_with_system, params_from, reply_record
 
 
 def engine_args(parser: argparse.ArgumentParser) -> None:
@@ -139,14 +139,6 @@ def config_from(args) -> EngineConfig:
     )
 
 
-def params_from(args) -> SamplingParams:
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-
-
-def messages_with_system(args, messages: list[dict]) -> list[dict]:
-    return ([{"role": "system", "content": args.system}] if args.system else []) + messages
-
-
 def stream_reply(engine, prompt, params):
     """Print a reply as it streams; returns the final output."""
     engine.add_request(prompt, params)
@@ -157,26 +149,6 @@ def stream_reply(engine, prompt, params):
             final = out
     print()
     return final
-
-
-def metrics_line(out) -> dict:
-    m = out.metrics
-    return {
-        "finish_reason": out.finish_reason, "error": out.error, "ttft_s": m.ttft_s, "queue_time_s": m.queue_time_s,
-        "prompt_tokens": m.prompt_tokens, "cached_prompt_tokens": m.cached_prompt_tokens,
-        "output_tokens": m.output_tokens, "decode_tokens_per_s": m.decode_tokens_per_s,
-    }
-
-
-def summary_line(m) -> str:
-    """'[TTFT 120 ms | 48 tokens | 21.3 tok/s | 32/40 prompt tokens from cache]' (unknown counts left out)."""
-    rate = f"{m.decode_tokens_per_s:.1f} tok/s" if m.decode_tokens_per_s else "-"
-    ttft = f"TTFT {m.ttft_s * 1000:.0f} ms" if m.ttft_s is not None else "TTFT -"
-    parts = [ttft, f"{m.output_tokens} tokens", rate]
-    if m.prompt_tokens is not None:
-        cached = "?" if m.cached_prompt_tokens is None else m.cached_prompt_tokens
-        parts.append(f"{cached}/{m.prompt_tokens} prompt tokens from cache")
-    return "[" + " | ".join(parts) + "]"
 
 
 def cmd_generate(args) -> int:
@@ -191,9 +163,9 @@ def cmd_generate(args) -> int:
     messages = messages_with_system(args, [{"role": "user", "content": args.prompt}])
     out = stream_reply(engine, messages, params_from(args))
     if args.json:
-        print(json.dumps(metrics_line(out)))
+        print(json.dumps(reply_record(out)))
     else:
-        print(summary_line(out.metrics), file=sys.stderr)
+        print(out.metrics.summary(), file=sys.stderr)
     if out.error:
         print(f"error: {out.error}", file=sys.stderr)
     return 0 if out.finish_reason != "error" else 1
@@ -228,7 +200,7 @@ def cmd_chat(args) -> int:
             history.pop()
             continue
         history.append({"role": "assistant", "content": out.text})
-        print(summary_line(out.metrics))
+        print(out.metrics.summary())
 
 
 def cmd_serve(args) -> int:

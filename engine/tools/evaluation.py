@@ -13,7 +13,7 @@ import torch
 from ..config import WEIGHT_MODES, EngineConfig
 from ..sampling_params import SamplingParams
 from ..serving.engine import Engine
-from .bench import plain_attention
+from .plain_attention import plain_attention
 
 MODES = WEIGHT_MODES
 WINDOW, STRIDE = 512, 256

@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..remote import RemoteClient, RemoteConfig, RemoteError
-from .cli import messages_with_system, metrics_line, params_from, summary_line
+from .reply_args import messages_with_system, params_from, reply_record
 
 API_KEY_ENV = "KVASIR_API_KEY"
 LOCAL_ONLY = {"quant": "auto", "dtype": "auto", "device": "auto", "kv_blocks": None}
@@ -63,9 +63,9 @@ async def _generate(args, config: RemoteConfig) -> int:
     finally:
         await client.aclose()
     if args.json:
-        print(json.dumps({**metrics_line(out), "model": model, "server": config.base_url}))
+        print(json.dumps({**reply_record(out), "model": model, "server": config.base_url}))
     else:
-        print(summary_line(out.metrics), file=sys.stderr)
+        print(out.metrics.summary(), file=sys.stderr)
     if out.error:
         print(f"error: {out.error}", file=sys.stderr)
     return 0 if out.finish_reason != "error" else 1
@@ -94,7 +94,7 @@ async def _chat(args, config: RemoteConfig) -> int:
                 history.pop()  # the turn is not kept: the next message is sent without it
                 continue
             history.append({"role": "assistant", "content": out.text})
-            print(summary_line(out.metrics))
+            print(out.metrics.summary())
     finally:
         await client.aclose()
 

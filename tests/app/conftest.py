@@ -8,8 +8,9 @@ def window(qtbot, qloop, store, tmp_path, monkeypatch):
     """The main window on a scripted engine and a fresh database."""
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
     from app.main_window import MainWindow
+    from app.session import ChatSession
 
-    w = MainWindow(store, FakeBridge())
+    w = MainWindow(ChatSession(store, FakeBridge()))
     qtbot.addWidget(w)
     w.show()
     return w

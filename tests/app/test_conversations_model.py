@@ -83,18 +83,18 @@ def test_one_send_reads_the_thread_from_the_database_at_most_three_times(window,
 
 def test_the_context_meter_counts_when_the_chat_changes_not_on_every_stats_tick(window, qloop, qtbot):
     qloop.run_until_complete(window.send("Hello there"))
-    qloop.run_until_complete(window.context_count)
+    qloop.run_until_complete(window.meter.task)
     assert window.composer.context.text().endswith("/ 2,048 tokens")
     counted = window.bridge.token_counts
     for _ in range(20):
         window.bridge.stats_updated.emit(fake_stats())
-    qloop.run_until_complete(window.context_count)
+    qloop.run_until_complete(window.meter.task)
     assert window.bridge.token_counts == counted  # the stats tick counts nothing
     window.actions.new()
-    qloop.run_until_complete(window.context_count)
+    qloop.run_until_complete(window.meter.task)
     assert window.bridge.token_counts == counted + 1  # a new chat: counted once, off the GUI thread
     window.actions.open_first()
-    qloop.run_until_complete(window.context_count)
+    qloop.run_until_complete(window.meter.task)
     assert window.bridge.token_counts == counted + 1  # the same messages again: from the cache
 
 

@@ -135,10 +135,11 @@ def test_on_the_real_engine_window_and_api_share_it_and_the_api_follows_a_switch
                                                                                   monkeypatch, tiny_model_dirs):
     from app.bridge import EngineBridge
     from app.main_window import MainWindow
+    from app.session import ChatSession
 
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
     bridge = EngineBridge()
-    window = MainWindow(store, bridge)
+    window = MainWindow(ChatSession(store, bridge))
     qtbot.addWidget(window)
     settings = store.conversation(window.current).settings
     store.update_conversation(window.current, settings={**settings, "temperature": 0.0, "max_tokens": 8})

@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 from app.conversation_list import ConversationIdRole, ConversationListModel
 from app.conversations import Conversations
 from app.main_window import MainWindow
+from app.session import ChatSession
 from tests.helpers.fake_engine import FakeBridge, fake_stats
 
 
@@ -75,7 +76,7 @@ def test_a_new_window_on_the_same_database_shows_the_same_conversations(qtbot, w
     qloop.run_until_complete(window.send("Remember me"))
     window.actions.new()
     titles = [c.title for c in store.conversations()]
-    again = MainWindow(store, FakeBridge())
+    again = MainWindow(ChatSession(store, FakeBridge()))
     qtbot.addWidget(again)
     model = again.sidebar.model
     assert [model.index(i).data() for i in range(model.rowCount())] == titles

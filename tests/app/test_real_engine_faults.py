@@ -7,6 +7,7 @@ import pytest
 
 from app.bridge import EngineBridge
 from app.main_window import MainWindow
+from app.session import ChatSession
 from engine import EngineConfig
 
 MAX_TOKENS = 8
@@ -21,7 +22,7 @@ def real_window(qtbot, qloop, store, tmp_path, monkeypatch):
     """The main window on a real EngineBridge (nothing loaded yet); short, greedy replies."""
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
     bridge = EngineBridge()
-    window = MainWindow(store, bridge)
+    window = MainWindow(ChatSession(store, bridge))
     qtbot.addWidget(window)
     window.show()
     settings = store.conversation(window.current).settings

@@ -65,12 +65,12 @@ def test_the_context_meter_warns_as_the_context_fills(qtbot, used, level, colour
 
 def test_the_context_meter_in_the_window_counts_the_chat(window, qloop):
     qloop.run_until_complete(window.send("one two three"))
-    qloop.run_until_complete(window.context_count)
+    qloop.run_until_complete(window.meter.task)
     expected = window.bridge.count_tokens(window.controller.messages_for_model(window.current))
     assert window.composer.context.text() == f"{expected:,} / 2,048 tokens"
     window.bridge._stats = fake_stats(max_model_len=expected)  # a model whose context this chat fills
     window.bridge.loaded.emit(window.bridge._stats)
-    qloop.run_until_complete(window.context_count)
+    qloop.run_until_complete(window.meter.task)
     assert window.composer.context_level == "full"
 
 

@@ -53,11 +53,12 @@ def test_a_message_written_after_the_change_has_the_new_size(window, qloop):
 
 def test_the_text_size_is_remembered(qtbot, window, store):
     from app.main_window import MainWindow
+    from app.session import ChatSession
     from tests.helpers.fake_engine import FakeBridge
 
     window.set_text_scale(125)
     assert Settings(window.settings.path)["text_scale"] == 125
-    again = MainWindow(store, FakeBridge(), settings=Settings(window.settings.path))
+    again = MainWindow(ChatSession(store, FakeBridge(), settings=Settings(window.settings.path)))
     qtbot.addWidget(again)
     assert again.chat.page.font().pointSizeF() == pytest.approx(again.chat._base_point_size * 1.25)
     assert again.composer.edit.font().pointSizeF() == pytest.approx(again.composer._base_font.pointSizeF() * 1.25)

@@ -11,6 +11,7 @@ from PySide6.QtCore import QRect, QSettings
 from PySide6.QtWidgets import QScrollArea
 
 from app.main_window import MainWindow
+from app.session import ChatSession
 from app.window_geometry import FIRST_START_MAX, FIRST_START_SHARE, first_start_geometry, fit_to_screen
 from tests.helpers.fake_engine import FakeBridge
 
@@ -36,7 +37,7 @@ def test_a_saved_window_larger_than_the_screen_is_brought_inside_it(qtbot, windo
     window.setGeometry(QRect(-300, -200, available.width() * 2, available.height() * 2))
     window.close()  # saves where it was
     assert QSettings("Kvasir", "Kvasir").value("geometry")
-    again = MainWindow(store, FakeBridge())
+    again = MainWindow(ChatSession(store, FakeBridge()))
     qtbot.addWidget(again)
     frame = again.frameGeometry()
     assert available.contains(frame) and frame.width() > available.width() * 0.95
@@ -46,7 +47,7 @@ def test_a_saved_window_larger_than_the_screen_is_brought_inside_it(qtbot, windo
 def test_a_saved_window_that_fits_opens_where_it_was_left(qtbot, window, store):
     window.setGeometry(QRect(20, 30, 620, 440))
     window.close()
-    again = MainWindow(store, FakeBridge())
+    again = MainWindow(ChatSession(store, FakeBridge()))
     qtbot.addWidget(again)
     assert again.geometry() == QRect(20, 30, 620, 440)
 

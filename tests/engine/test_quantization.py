@@ -16,7 +16,7 @@ from engine.step import kernels
 from engine.step.block_linear import BlockQuantLinear
 from engine.step.packed_linear import Int4Linear, Int8Linear
 from engine.step.quantization import PACKED_MODES, import_bitsandbytes
-from engine.tools.bench import plain_attention
+from engine.tools.plain_attention import plain_attention
 from tests.helpers.oracle import reference_greedy
 from tests.helpers.tiny_gguf import write_tiny_llama_gguf
 

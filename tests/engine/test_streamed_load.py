@@ -20,7 +20,7 @@ from engine.models import loader
 from engine.models.sources import resolve_source
 from engine.models.streamed_weights import load_streamed, streams
 from engine.step.quantization import quantize_model
-from engine.tools.bench import plain_attention
+from engine.tools.plain_attention import plain_attention
 from tests.helpers.tiny_models import write_tiny_model
 
 PROMPT = torch.tensor([[1, 417, 2091, 88, 5012, 903, 17, 4]])

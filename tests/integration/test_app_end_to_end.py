@@ -6,6 +6,7 @@ import pytest
 
 from app.bridge import EngineBridge
 from app.main_window import MainWindow
+from app.session import ChatSession
 from engine import EngineConfig
 
 pytestmark = pytest.mark.slow
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.slow
 def real_window(qtbot, qloop, store, tmp_path, monkeypatch):
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
     bridge = EngineBridge()
-    window = MainWindow(store, bridge)
+    window = MainWindow(ChatSession(store, bridge))
     qtbot.addWidget(window)
     window.show()
     with qtbot.wait_signal(bridge.loaded, timeout=600_000):
