@@ -11,10 +11,10 @@ from engine import SamplingParams
 
 from .conversations import Conversations
 from .reply_sources import ReplySources
-from .store import Message
+from .store import Message, Status
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
-STATUS_OF = {"stop": "complete", "length": "complete", "abort": "stopped", "error": "error"}
+STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
 DEFAULT_SAMPLING = {"max_tokens": 512, "temperature": 0.7, "top_p": 0.95}
 
 
@@ -26,7 +26,6 @@ class ChatController(QObject):
     reply_delta = Signal(int, int, str)  # conversation id, reply message id, the text so far
     first_token = Signal(int, float)  # conversation id, time to first token (s), the moment it arrives
     reply_finished = Signal(int, object)  # conversation id, the stored Message
-    error = Signal(str)
 
     def __init__(self, conversations: Conversations, sources: ReplySources, parent=None) -> None:
         super().__init__(parent)
@@ -126,14 +125,14 @@ class ChatController(QObject):
         if continuing is None:
             model, quantization = source.model_names()
             reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
-                                                   status="partial", model=model, quantization=quantization)
+                                                   status=Status.PARTIAL, model=model, quantization=quantization)
         else:
             reply = continuing
         before = reply.text
         live = self.streaming.setdefault(conversation_id, {})
         live[reply.id] = before
         self.reply_started.emit(conversation_id, reply.id)
-        text, last, status, error, saved = before, None, "stopped", None, time.monotonic()
+        text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
         try:
             sampling = self.sampling_for(conversation_id)
             stream = source.stream(messages, sampling)
@@ -149,9 +148,9 @@ class ChatController(QObject):
                     saved = time.monotonic()
             status, error = STATUS_OF[last.finish_reason], last.error
         except asyncio.CancelledError:
-            status = "stopped"
+            status = Status.STOPPED
         except Exception as exc:  # the engine refused the request: say why, keep what arrived
-            status, error = "error", str(exc)
+            status, error = Status.ERROR, str(exc)
         finally:
             live.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
@@ -166,11 +165,9 @@ def _metrics(out, earlier: dict | None = None) -> dict:
     """A reply's numbers; for a continued reply, its tokens count both parts."""
     if out is None:
         return dict(earlier or {})
-    m = out.metrics
     earlier_tokens = (earlier or {}).get("output_tokens", 0)
-    return {"ttft_s": m.ttft_s, "queue_time_s": m.queue_time_s, "prompt_tokens": m.prompt_tokens,
-            "cached_prompt_tokens": m.cached_prompt_tokens, "output_tokens": earlier_tokens + m.output_tokens,
-            "decode_tokens_per_s": m.decode_tokens_per_s, "finish_reason": out.finish_reason}
+    return {**out.metrics.to_dict(), "output_tokens": earlier_tokens + out.metrics.output_tokens,
+            "finish_reason": out.finish_reason}
 
 
 def _title_from(text: str) -> str:

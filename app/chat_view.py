@@ -36,15 +36,15 @@ from PySide6.QtWidgets import (
 )
 
 from .markdown import CodeSegment, MarkdownRenderer, is_safe_link
-from .store import Message
+from .store import Message, Status
 
 RENDER_INTERVAL_MS = 50  # at most 20 redraws a second of the streaming reply
 PAGE = 60  # messages shown at first; "Show earlier messages" adds as many again
 READABLE_WIDTH = 860  # pixels: lines longer than this are hard to read
 STATUS_NOTES = {
-    "stopped": "Stopped — the text above is what had arrived.",
-    "partial": "Interrupted — the app closed while this reply was being written.",
-    "error": "Failed",
+    Status.STOPPED: "Stopped — the text above is what had arrived.",
+    Status.PARTIAL: "Interrupted — the app closed while this reply was being written.",
+    Status.ERROR: "Failed",
 }
 LENGTH_NOTE = "Cut at the length limit (Max tokens per reply)."
 FOOTER_SCALE = 0.9  # the numbers under a reply, relative to the text
@@ -91,9 +91,9 @@ def stats_line(message: Message) -> str:
 
 def finished_announcement(message: Message) -> str:
     """What a screen reader says when a reply ends: how it ended, and its length."""
-    if message.status == "error":
+    if message.status == Status.ERROR:
         return f"The reply failed: {message.error or 'no reason given'}"
-    ended = {"stopped": "Reply stopped", "partial": "Reply interrupted"}.get(message.status, "Reply finished")
+    ended = {Status.STOPPED: "Reply stopped", Status.PARTIAL: "Reply interrupted"}.get(message.status, "Reply finished")
     if was_cut(message):
         ended = "Reply cut at the length limit; Continue writes on"
     tokens = message.stats.get("output_tokens")
@@ -102,7 +102,7 @@ def finished_announcement(message: Message) -> str:
 
 def was_cut(message: Message) -> bool:
     """A finished reply that stopped at max_tokens rather than where the model ended it."""
-    return message.role == "assistant" and message.status == "complete" and \
+    return message.role == "assistant" and message.status == Status.COMPLETE and \
         message.stats.get("finish_reason") == "length"
 
 
@@ -270,7 +270,7 @@ class MessageWidget(QFrame):
         parts = []
         if message.role == "assistant":
             note = "Writing…" if live else STATUS_NOTES.get(message.status, "")
-            if message.status == "error" and message.error and not live:
+            if message.status == Status.ERROR and message.error and not live:
                 note = f"Failed: {message.error}"
             if was_cut(message) and not live:
                 note = LENGTH_NOTE
@@ -463,10 +463,6 @@ class ChatView(QScrollArea):
         self._dirty.add(message_id)
         if not self._timer.isActive():
             self._timer.start()
-
-    def message_text(self, index: int) -> str:
-        message = self._messages[index]
-        return self._streaming.get(message.id, message.text)
 
     def message_widget(self, message_id: int) -> MessageWidget | None:
         return self._widgets.get(message_id)
