@@ -31,7 +31,6 @@ class ChatController(QObject):
         super().__init__(parent)
         self.conversations, self.sources = conversations, sources
         self.tasks: dict[int, asyncio.Task] = {}
-        self.streaming: dict[int, dict[int, str]] = {}  # conversation -> reply id -> text so far
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
 
     def is_generating(self, conversation_id: int) -> bool:
@@ -129,8 +128,6 @@ class ChatController(QObject):
         else:
             reply = continuing
         before = reply.text
-        live = self.streaming.setdefault(conversation_id, {})
-        live[reply.id] = before
         self.reply_started.emit(conversation_id, reply.id)
         text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
         try:
@@ -141,7 +138,6 @@ class ChatController(QObject):
                 if last is None and out.metrics.ttft_s is not None:
                     self.first_token.emit(conversation_id, out.metrics.ttft_s)
                 text, last = before + out.text, out
-                live[reply.id] = text
                 self.reply_delta.emit(conversation_id, reply.id, text)
                 if time.monotonic() - saved > SAVE_INTERVAL_S:
                     self.conversations.save_partial(reply.id, text)
@@ -152,7 +148,6 @@ class ChatController(QObject):
         except Exception as exc:  # the engine refused the request: say why, keep what arrived
             status, error = Status.ERROR, str(exc)
         finally:
-            live.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
             metrics = _metrics(last, continuing.stats if continuing else None)
             stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
