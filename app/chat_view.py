@@ -497,15 +497,15 @@ class ChatView(QScrollArea):
 
     def _rows_changed(self, top, bottom, _roles=()) -> None:
         """A row's message or its live state changed: that message redrawn; its text alone while it streams."""
-        model = self.model
+        model, redrawn = self.model, False
         for row in range(top.row(), bottom.row() + 1):
             message = model.messages[row]
             if row >= len(self._messages) or self._messages[row].id != message.id:
                 self._model_reset()
                 return
             live = message.id in model.live
-            if live and message.id in self._streaming and self._messages[row] == message:
-                self.update_streaming(message.id, model.live[message.id])
+            if live and message.id in self._streaming and self._messages[row] is message:
+                self.update_streaming(message.id, model.live[message.id])  # the text alone, throttled
                 continue
             self._messages[row], self._versions = message, dict(model.versions)
             if live:
@@ -513,7 +513,9 @@ class ChatView(QScrollArea):
             else:
                 self._streaming.pop(message.id, None)
             self._show_row(row)
-        self._chain_focus()
+            redrawn = True
+        if redrawn:
+            self._chain_focus()
 
     def _show_row(self, row: int) -> None:
         """One message's widget redrawn from the view's state (nothing when the message is not on the page)."""
