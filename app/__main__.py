@@ -138,6 +138,7 @@ def open_for_this_run(self_test: bool):
 async def self_test(window) -> int:
     """Wait for the model, send one message, wait for the streamed reply, print its metrics."""
     from .bridge import wait_for
+    from .store import Status
 
     started = time.perf_counter()
     bridge = window.bridge
@@ -157,7 +158,7 @@ async def self_test(window) -> int:
                                    {**conversation.settings, "temperature": 0.0, "max_tokens": 48})
     message = await window.send(SELF_TEST_PROMPT)
     stats = message.stats
-    if message.status != "complete" or not message.text.strip():
+    if message.status != Status.COMPLETE or not message.text.strip():
         print(f"self-test failed: reply ended as {message.status!r}: {message.error or 'no text'}", file=sys.stderr)
         return 1
     rate = stats.get("decode_tokens_per_s") or 0.0

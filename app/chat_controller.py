@@ -11,10 +11,10 @@ from engine import SamplingParams
 
 from .conversations import Conversations
 from .reply_sources import ReplySources
-from .store import Message
+from .store import Message, Status
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
-STATUS_OF = {"stop": "complete", "length": "complete", "abort": "stopped", "error": "error"}
+STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
 DEFAULT_SAMPLING = {"max_tokens": 512, "temperature": 0.7, "top_p": 0.95}
 
 
@@ -26,13 +26,11 @@ class ChatController(QObject):
     reply_delta = Signal(int, int, str)  # conversation id, reply message id, the text so far
     first_token = Signal(int, float)  # conversation id, time to first token (s), the moment it arrives
     reply_finished = Signal(int, object)  # conversation id, the stored Message
-    error = Signal(str)
 
     def __init__(self, conversations: Conversations, sources: ReplySources, parent=None) -> None:
         super().__init__(parent)
         self.conversations, self.sources = conversations, sources
         self.tasks: dict[int, asyncio.Task] = {}
-        self.streaming: dict[int, dict[int, str]] = {}  # conversation -> reply id -> text so far
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
 
     def is_generating(self, conversation_id: int) -> bool:
@@ -126,14 +124,12 @@ class ChatController(QObject):
         if continuing is None:
             model, quantization = source.model_names()
             reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
-                                                   status="partial", model=model, quantization=quantization)
+                                                   status=Status.PARTIAL, model=model, quantization=quantization)
         else:
             reply = continuing
         before = reply.text
-        live = self.streaming.setdefault(conversation_id, {})
-        live[reply.id] = before
         self.reply_started.emit(conversation_id, reply.id)
-        text, last, status, error, saved = before, None, "stopped", None, time.monotonic()
+        text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
         try:
             sampling = self.sampling_for(conversation_id)
             stream = source.stream(messages, sampling)
@@ -142,18 +138,16 @@ class ChatController(QObject):
                 if last is None and out.metrics.ttft_s is not None:
                     self.first_token.emit(conversation_id, out.metrics.ttft_s)
                 text, last = before + out.text, out
-                live[reply.id] = text
                 self.reply_delta.emit(conversation_id, reply.id, text)
                 if time.monotonic() - saved > SAVE_INTERVAL_S:
                     self.conversations.save_partial(reply.id, text)
                     saved = time.monotonic()
             status, error = STATUS_OF[last.finish_reason], last.error
         except asyncio.CancelledError:
-            status = "stopped"
+            status = Status.STOPPED
         except Exception as exc:  # the engine refused the request: say why, keep what arrived
-            status, error = "error", str(exc)
+            status, error = Status.ERROR, str(exc)
         finally:
-            live.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
             metrics = _metrics(last, continuing.stats if continuing else None)
             stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
@@ -166,11 +160,9 @@ def _metrics(out, earlier: dict | None = None) -> dict:
     """A reply's numbers; for a continued reply, its tokens count both parts."""
     if out is None:
         return dict(earlier or {})
-    m = out.metrics
     earlier_tokens = (earlier or {}).get("output_tokens", 0)
-    return {"ttft_s": m.ttft_s, "queue_time_s": m.queue_time_s, "prompt_tokens": m.prompt_tokens,
-            "cached_prompt_tokens": m.cached_prompt_tokens, "output_tokens": earlier_tokens + m.output_tokens,
-            "decode_tokens_per_s": m.decode_tokens_per_s, "finish_reason": out.finish_reason}
+    return {**out.metrics.to_dict(), "output_tokens": earlier_tokens + out.metrics.output_tokens,
+            "finish_reason": out.finish_reason}
 
 
 def _title_from(text: str) -> str:

@@ -36,15 +36,15 @@ from PySide6.QtWidgets import (
 )
 
 from .markdown import CodeSegment, MarkdownRenderer, is_safe_link
-from .store import Message
+from .store import Message, Status
 
 RENDER_INTERVAL_MS = 50  # at most 20 redraws a second of the streaming reply
 PAGE = 60  # messages shown at first; "Show earlier messages" adds as many again
 READABLE_WIDTH = 860  # pixels: lines longer than this are hard to read
 STATUS_NOTES = {
-    "stopped": "Stopped — the text above is what had arrived.",
-    "partial": "Interrupted — the app closed while this reply was being written.",
-    "error": "Failed",
+    Status.STOPPED: "Stopped — the text above is what had arrived.",
+    Status.PARTIAL: "Interrupted — the app closed while this reply was being written.",
+    Status.ERROR: "Failed",
 }
 LENGTH_NOTE = "Cut at the length limit (Max tokens per reply)."
 FOOTER_SCALE = 0.9  # the numbers under a reply, relative to the text
@@ -91,9 +91,9 @@ def stats_line(message: Message) -> str:
 
 def finished_announcement(message: Message) -> str:
     """What a screen reader says when a reply ends: how it ended, and its length."""
-    if message.status == "error":
+    if message.status == Status.ERROR:
         return f"The reply failed: {message.error or 'no reason given'}"
-    ended = {"stopped": "Reply stopped", "partial": "Reply interrupted"}.get(message.status, "Reply finished")
+    ended = {Status.STOPPED: "Reply stopped", Status.PARTIAL: "Reply interrupted"}.get(message.status, "Reply finished")
     if was_cut(message):
         ended = "Reply cut at the length limit; Continue writes on"
     tokens = message.stats.get("output_tokens")
@@ -102,7 +102,7 @@ def finished_announcement(message: Message) -> str:
 
 def was_cut(message: Message) -> bool:
     """A finished reply that stopped at max_tokens rather than where the model ended it."""
-    return message.role == "assistant" and message.status == "complete" and \
+    return message.role == "assistant" and message.status == Status.COMPLETE and \
         message.stats.get("finish_reason") == "length"
 
 
@@ -270,7 +270,7 @@ class MessageWidget(QFrame):
         parts = []
         if message.role == "assistant":
             note = "Writing…" if live else STATUS_NOTES.get(message.status, "")
-            if message.status == "error" and message.error and not live:
+            if message.status == Status.ERROR and message.error and not live:
                 note = f"Failed: {message.error}"
             if was_cut(message) and not live:
                 note = LENGTH_NOTE
@@ -380,8 +380,10 @@ class _Page(QWidget):
 
 
 class ChatView(QScrollArea):
-    """The thread. ``show_thread`` shows it (reusing the widgets of unchanged messages); ``update_streaming``
-    redraws the live reply alone, throttled."""
+    """The thread. Bound to a :class:`~app.transcript.Transcript` (:meth:`set_model`), it follows the model:
+    a reset shows the whole thread (``show_thread``, reusing the widgets of unchanged messages), new rows at the
+    end are added alone, a changed row is redrawn alone, and a streaming reply's text is redrawn throttled
+    (``update_streaming``). It keeps the widgets, the paging, following the stream and the focus order."""
 
     copied = Signal(str)
     action = Signal(object, int)  # MessageAction, message id
@@ -421,6 +423,8 @@ class ChatView(QScrollArea):
         self._order: list[int] = []
         self._follow = True
         self._dirty: set[int] = set()
+        self.model = None
+        self.full_renders = 0  # passes over every message on screen (a new chat, a replaced thread)
         self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._timer.timeout.connect(self._render_streaming)
         bar = self.verticalScrollBar()
@@ -458,15 +462,77 @@ class ChatView(QScrollArea):
         self._streaming = dict(streaming or {})
         self._render()
 
+    def set_model(self, model) -> None:
+        """Show ``model``'s thread and follow its changes from now on."""
+        self.model = model
+        model.modelReset.connect(self._model_reset)
+        model.rowsInserted.connect(self._rows_inserted)
+        model.dataChanged.connect(self._rows_changed)
+        self._model_reset()
+
+    def _model_reset(self) -> None:
+        model = self.model
+        self.show_thread(model.messages, model.live, model.versions, model.skipped)
+
+    def _rows_inserted(self, _parent, first: int, last: int) -> None:
+        """Messages added at the end: their widgets alone, unless the page would grow past what it shows."""
+        model = self.model
+        if first != len(self._messages) or len(model.messages) > self._shown or model.skipped != self._skipped:
+            self._model_reset()
+            return
+        self._messages, self._versions = list(model.messages), dict(model.versions)
+        self._streaming = dict(model.live)
+        previous_last = len(self._order) - 1
+        for row in range(first, last + 1):
+            message = self._messages[row]
+            widget = self._widgets[message.id] = MessageWidget(self, message)
+            self.column.insertWidget(2 + len(self._order), widget)
+            self._order.append(message.id)
+        for row in ([previous_last] if previous_last >= 0 else []) + list(range(first, last + 1)):
+            self._show_row(row)  # the previous last message loses its last-message buttons
+        for message_id in self._order[-2:]:
+            self._widgets[message_id]._update_opacity()
+        self._show_notice()
+        self._chain_focus()
+
+    def _rows_changed(self, top, bottom, _roles=()) -> None:
+        """A row's message or its live state changed: that message redrawn; its text alone while it streams."""
+        model, redrawn = self.model, False
+        for row in range(top.row(), bottom.row() + 1):
+            message = model.messages[row]
+            if row >= len(self._messages) or self._messages[row].id != message.id:
+                self._model_reset()
+                return
+            live = message.id in model.live
+            if live and message.id in self._streaming and self._messages[row] is message:
+                self.update_streaming(message.id, model.live[message.id])  # the text alone, throttled
+                continue
+            self._messages[row], self._versions = message, dict(model.versions)
+            if live:
+                self._streaming[message.id] = model.live[message.id]
+            else:
+                self._streaming.pop(message.id, None)
+            self._show_row(row)
+            redrawn = True
+        if redrawn:
+            self._chain_focus()
+
+    def _show_row(self, row: int) -> None:
+        """One message's widget redrawn from the view's state (nothing when the message is not on the page)."""
+        message = self._messages[row]
+        widget = self._widgets.get(message.id)
+        if widget is None:
+            return
+        live = message.id in self._streaming
+        widget.show_message(message, self._streaming.get(message.id, message.text), live,
+                            self._versions.get(message.id), message.id == self._order[-1])
+        widget.set_skipped(row < self._skipped)
+
     def update_streaming(self, message_id: int, text: str) -> None:
         self._streaming[message_id] = text
         self._dirty.add(message_id)
         if not self._timer.isActive():
             self._timer.start()
-
-    def message_text(self, index: int) -> str:
-        message = self._messages[index]
-        return self._streaming.get(message.id, message.text)
 
     def message_widget(self, message_id: int) -> MessageWidget | None:
         return self._widgets.get(message_id)
@@ -494,6 +560,7 @@ class ChatView(QScrollArea):
     # -- drawing -----------------------------------------------------------------------------------------
 
     def _render(self) -> None:
+        self.full_renders += 1
         visible = self._messages[-self._shown:] if self._shown < len(self._messages) else self._messages
         self.earlier.setVisible(len(visible) < len(self._messages))
         wanted = [m.id for m in visible]

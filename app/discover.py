@@ -42,19 +42,12 @@ from engine import (
     search_hub,
 )
 
+from .units import size_text
+
 FORMAT_CHOICES = (("GGUF and safetensors", None), ("GGUF only", "gguf"), ("safetensors only", "safetensors"))
 PATIENCE_S = 30  # then the page says the Hub is not answering (huggingface_hub keeps retrying a while)
 RESULT_COLUMNS = ("Model", "Downloads", "Likes", "Updated", "Formats")
 FILE_COLUMNS = ("File", "Quantisation", "Size", "Fit on this machine")
-
-
-def size_in_words(n: int) -> str:
-    """Bytes as a person reads them: 812 KB, 98.2 MB, 4.37 GB."""
-    if n >= 1024**3:
-        return f"{n / 1024**3:.2f} GB"
-    if n >= 1024**2:
-        return f"{n / 1024**2:.1f} MB"
-    return f"{max(n, 0) / 1024:.0f} KB"
 
 
 def count_in_words(n: int) -> str:
@@ -144,7 +137,7 @@ class HubFilesModel(QAbstractTableModel):
         if role != Qt.DisplayRole:
             return None
         name = option.name if option.kind == "gguf" else f"safetensors ({len(option.weight_files)} file(s))"
-        return (name, option.quantization, size_in_words(option.size), self._fit_text(option))[index.column()]
+        return (name, option.quantization, size_text(option.size), self._fit_text(option))[index.column()]
 
     def _fit_text(self, option: HubOption, long: bool = False) -> str:
         if option.problem:
@@ -302,7 +295,7 @@ class DiscoverPage(QWidget):
         self._started = (time.monotonic(), kept)
         self.progress.setValue(int(1000 * kept / max(option.size, 1)))
         self.progress.show()
-        self._say(f"Resuming {option.name} from {size_in_words(kept)}…" if kept else f"Downloading {option.name}…")
+        self._say(f"Resuming {option.name} from {size_text(kept)}…" if kept else f"Downloading {option.name}…")
         self._run("download", download.run)
         self._update_buttons()
 
@@ -386,7 +379,7 @@ class DiscoverPage(QWidget):
         self.progress.hide()
         if isinstance(result, DownloadCancelled):
             kept = download.partial_bytes() if download else 0
-            self._say(f"Cancelled. {size_in_words(kept)} kept; Download continues from there.")
+            self._say(f"Cancelled. {size_text(kept)} kept; Download continues from there.")
         elif isinstance(result, Exception):
             self._say(f"{result}. Download again to continue from what arrived.")
         else:
@@ -402,10 +395,10 @@ class DiscoverPage(QWidget):
         started, kept = self._started
         elapsed = time.monotonic() - started
         rate = (progress.done - kept) / elapsed if elapsed > 0.5 else 0
-        text = f"{size_in_words(progress.done)} of {size_in_words(progress.total)}"
+        text = f"{size_text(progress.done)} of {size_text(progress.total)}"
         if rate > 0:
             left = (progress.total - progress.done) / rate
-            text += f" · {size_in_words(int(rate))}/s · {_duration(left)} left"
+            text += f" · {size_text(int(rate))}/s · {_duration(left)} left"
         self._say(text)
         self.progress.setAccessibleDescription(text)
 
@@ -422,7 +415,7 @@ class DiscoverPage(QWidget):
             fit = self.files_model.fits.get(option.name)
             text = fit.explanation() if fit else "Estimating whether it fits…"
             if kept := self._partial(option):
-                text += f" {size_in_words(kept)} of it is already here; Download continues from there."
+                text += f" {size_text(kept)} of it is already here; Download continues from there."
         if self.repo and self.repo.licence:
             text += f" Licence: {self.repo.licence}."
         self.details.setText(text)

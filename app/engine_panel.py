@@ -31,8 +31,9 @@ from engine import API_SOURCE, EngineStats, RequestSnapshot
 from .block_pool import COLORS, BlockPoolView, PoolLegend, conversation_color
 from .engine_charts import EngineCharts
 from .engine_history import EngineHistory
-from .panel_format import device_text, errors_text, gpu_load_text, gpu_memory_text, mib_text, ms_text
+from .panel_format import device_text, errors_text, gpu_load_text, gpu_memory_text, ms_text
 from .request_table import RequestRow, RequestTableModel
+from .units import size_text
 
 TTFT = "TTFT (last / median)"
 GPU_ROWS = ("GPU memory", "GPU load")
@@ -160,7 +161,7 @@ class EnginePanel(QWidget):
         self._set("Device", device_text(s))
         self._set("Attention", s.attention_backend)
         self.labels["Attention"].setToolTip(s.attention_reason)  # why this backend; the row stays one line
-        self._set("Memory", f"model {mib_text(s.model_memory_bytes)}, KV {mib_text(s.kv_cache_memory_bytes)}")
+        self._set("Memory", f"model {size_text(s.model_memory_bytes)}, KV {size_text(s.kv_cache_memory_bytes)}")
         self._show_gpu_rows(s.gpu is not None)
         if s.gpu is not None:
             self._set("GPU memory", gpu_memory_text(s.gpu))

@@ -9,14 +9,14 @@ import time
 from .remote_store import SETTING as REMOTE_SETTING
 from .remote_store import RemoteChoice
 from .settings import SAMPLING_KEYS, sampling_problems
-from .store import Store
+from .store import Status, Store
 
 FORMAT = "kvasir-conversation"
 FORMAT_VERSION = 1
 
 
 ROLES = ("user", "assistant")
-STATUSES = ("complete", "partial", "stopped", "error")
+STATUSES = tuple(Status)
 FINISH_REASONS = (None, "stop", "length", "abort", "error")  # why the engine ended a reply
 MESSAGE_KEYS = {  # key: (types allowed, required)
     "id": ((int,), True), "parent": ((int, type(None)), True), "role": ((str,), True), "text": ((str,), True),
@@ -43,7 +43,7 @@ def to_markdown(store: Store, conversation_id: int) -> str:
     for message in store.thread(conversation_id):
         who = "You" if message.role == "user" else f"Kvasir ({message.model or 'unknown model'})"
         lines += [f"## {who}", "", message.text, ""]
-        if message.status != "complete":
+        if message.status != Status.COMPLETE:
             lines += [f"*({message.status})*", ""]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -79,7 +79,7 @@ def from_json(store: Store, text: str) -> int:
             parent = new_ids[m["parent"]] if m["parent"] is not None else None
             stored = store.add_message(conv.id, m["role"], m["text"], parent_id=parent, model=m.get("model"),
                                        quantization=m.get("quantization"), stats=m.get("stats") or {},
-                                       status=m.get("status", "complete"), error=m.get("error"))
+                                       status=m.get("status", Status.COMPLETE), error=m.get("error"))
             new_ids[m["id"]] = stored.id
         head = new_ids.get(meta.get("head"))
         if head is not None:
@@ -154,7 +154,7 @@ def _check_message(index: int, message) -> None:
     _check_fields(where, message, MESSAGE_KEYS)
     if message["role"] not in ROLES:
         raise ConversationImportError(f"{where}: unknown role {message['role']!r}")
-    if message.get("status", "complete") not in STATUSES:
+    if message.get("status", Status.COMPLETE) not in STATUSES:
         raise ConversationImportError(f"{where}: unknown status {message['status']!r}")
     if not math.isfinite(message["created"]):
         raise ConversationImportError(f"{where}: 'created' is not a finite number")

@@ -49,6 +49,7 @@ from .settings import DEFAULTS, next_text_scale
 from .shortcuts import COMMANDS, MENUS, ShortcutsDialog
 from .store import Message
 from .theme import apply_theme, follow_system_scheme, stop_following_system_scheme
+from .transcript import Transcript
 from .window_geometry import first_start_geometry, fit_to_screen
 
 
@@ -68,6 +69,7 @@ class MainWindow(QMainWindow):
         self.tokens, self.local_api = session.tokens, session.local_api
         self.flow = ReplyFlow(session, dialogs=self, parent=self)
         self.meter = ContextMeter(session, self)
+        self.transcript = Transcript(session, self)
         self._build()
         self._connect()
         self._restore_geometry()
@@ -87,6 +89,7 @@ class MainWindow(QMainWindow):
         self.model_bar = ModelBar(self.library, self.bridge, self.settings, remote=self.remote)
         self.sidebar = ConversationSidebar(self.conversations)
         self.chat = ChatView()
+        self.chat.set_model(self.transcript)
         self.composer = Composer()
         center = QWidget()
         center_layout = QVBoxLayout(center)
@@ -200,7 +203,6 @@ class MainWindow(QMainWindow):
         self.actions.notice.connect(lambda text, ms: self.statusBar().showMessage(text, ms))
         self.actions.undo_available.connect(self.undo_button.setVisible)
         self.undo_button.clicked.connect(self.actions.undo_delete)
-        self.conversations.thread_changed.connect(self._thread_changed)
         self.conversations.conversation_changed.connect(self._conversation_changed)
         self.composer.send.connect(self.send)
         self.composer.stop.connect(self.stop)
@@ -209,7 +211,6 @@ class MainWindow(QMainWindow):
         self.meter.counted_by_server.connect(lambda: self.composer.context.setText("context: counted by the server"))
         self.chat.action.connect(self._message_action)
         self.controller.reply_started.connect(self._reply_started)
-        self.controller.reply_delta.connect(self._reply_delta)
         self.controller.first_token.connect(self._first_token)
         self.controller.reply_finished.connect(self._reply_finished)
         self.bridge.loaded.connect(self._loaded)
@@ -228,15 +229,10 @@ class MainWindow(QMainWindow):
 
     def _opened(self, conversation_id: int) -> None:
         self.sidebar.select(conversation_id)
-        self._refresh_chat()
         self._update_header()
         self._show_engine()
         self.composer.set_generating(self.controller.is_generating(conversation_id))
         self.composer.edit.setFocus()
-
-    def _thread_changed(self, conversation_id: int) -> None:
-        if conversation_id == self.current:
-            self._refresh_chat()
 
     def _conversation_changed(self, conversation_id: int) -> None:
         if conversation_id == self.current:
@@ -445,12 +441,6 @@ class MainWindow(QMainWindow):
 
     # -- updates ------------------------------------------------------------------------------------
 
-    def _refresh_chat(self) -> None:
-        current = self.current
-        skipped = self.conversations.get(current).settings.get("skip_messages", 0)
-        self.chat.show_thread(self.conversations.thread(current), self.controller.streaming.get(current, {}),
-                              self.conversations.version_positions(current), skipped)
-
     def _update_header(self) -> None:
         conv = self.conversations.get(self.current)
         persona = conv.preset or ("Custom persona" if conv.system_prompt else "No system prompt")
@@ -460,11 +450,6 @@ class MainWindow(QMainWindow):
     def _reply_started(self, conversation_id: int, reply_id: int) -> None:
         if conversation_id == self.current:
             self.composer.set_generating(True)
-            self._refresh_chat()  # the new reply is streaming now
-
-    def _reply_delta(self, conversation_id: int, reply_id: int, text: str) -> None:
-        if conversation_id == self.current:
-            self.chat.update_streaming(reply_id, text)
 
     def _reply_finished(self, conversation_id: int, message: Message) -> None:
         if conversation_id == self.current:

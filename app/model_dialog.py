@@ -26,12 +26,10 @@ from PySide6.QtWidgets import (
 from engine import QUANTIZATIONS, EngineConfig, EngineError, LibraryEntry, ModelLibrary, estimate_fit
 
 from .discover import DiscoverPage
+from .units import size_text
 
 COLUMNS = ("Name", "Architecture", "Parameters", "Context", "On disk", "Licence", "Source")
 
-
-def _size(n: int) -> str:
-    return f"{n / 1024**3:.2f} GB" if n >= 1024**3 else f"{n / 1024**2:.0f} MB"
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +68,7 @@ class LibraryTableModel(QAbstractTableModel):
             return None
         info = entry.info
         return (info.name, info.architecture, f"{info.parameter_count / 1e6:,.0f} M", f"{info.context_length:,}",
-                _size(info.size_on_disk), info.licence or "–",
+                size_text(info.size_on_disk), info.licence or "–",
                 "bundled" if entry.builtin else entry.spec)[index.column()]
 
 

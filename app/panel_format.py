@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from engine import EngineStats, GpuUsage
 
+from .units import size_text
+
 
 def ms_text(seconds: float | None) -> str:
     """A short duration: "–" when unknown, "<1 ms", "240 ms", "12.5 s"."""
@@ -16,14 +18,6 @@ def ms_text(seconds: float | None) -> str:
     return f"{seconds:,.1f} s"
 
 
-def mib_text(n: int) -> str:
-    return f"{n / 1024**2:,.0f} MiB"
-
-
-def gib_text(n: int) -> str:
-    return f"{n / 1024**3:,.1f} GiB"
-
-
 def device_text(stats: EngineStats) -> str:
     """The device and why it was chosen: "CPU — torch was built without CUDA", "cuda — CUDA GPU: …"."""
     name = "CPU" if stats.device == "cpu" else stats.device
@@ -32,8 +26,8 @@ def device_text(stats: EngineStats) -> str:
 
 def gpu_memory_text(gpu: GpuUsage) -> str:
     """Memory in use on the GPU (every process) and the part this app's allocator holds."""
-    return (f"{gib_text(gpu.memory_used_bytes)} of {gib_text(gpu.memory_total_bytes)} in use "
-            f"({gib_text(gpu.memory_reserved_bytes)} held by Kvasir)")
+    return (f"{size_text(gpu.memory_used_bytes)} of {size_text(gpu.memory_total_bytes)} in use "
+            f"({size_text(gpu.memory_reserved_bytes)} held by Kvasir)")
 
 
 def gpu_load_text(gpu: GpuUsage) -> str:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 SCHEMA_VERSION = 2
@@ -58,6 +59,15 @@ MIGRATIONS: dict[int, str] = {
 }
 
 
+class Status(StrEnum):
+    """How a stored message ended: whole, cut off by the app closing while it was written, stopped, or failed."""
+
+    COMPLETE = "complete"
+    PARTIAL = "partial"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
 CONVERSATION_FIELDS = {"title", "pinned", "system_prompt", "preset", "settings", "head_id", "updated"}
 MESSAGE_FIELDS = {"text", "stats", "status", "error", "model", "quantization"}
 
@@ -73,7 +83,7 @@ class Message:
     model: str | None = None
     quantization: str | None = None
     stats: dict = field(default_factory=dict)
-    status: str = "complete"
+    status: str = Status.COMPLETE
     error: str | None = None
 
 
@@ -180,7 +190,7 @@ class Store:
                 "INSERT INTO messages (conversation_id, parent_id, role, text, created, model, quantization, stats,"
                 " status, error) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (conversation_id, parent_id, role, text, now, extra.get("model"), extra.get("quantization"),
-                 json.dumps(extra.get("stats", {})), extra.get("status", "complete"), extra.get("error")),
+                 json.dumps(extra.get("stats", {})), extra.get("status", Status.COMPLETE), extra.get("error")),
             )
             self._db.execute("UPDATE conversations SET head_id = ?, updated = ? WHERE id = ?",
                              (cursor.lastrowid, now, conversation_id))

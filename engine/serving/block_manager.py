@@ -148,10 +148,6 @@ class BlockManager:
 
     # -- allocation ---------------------------------------------------------------------------------
 
-    def can_allocate(self, block_table: list[int], num_tokens: int) -> bool:
-        """True when ``block_table`` can grow to hold ``num_tokens`` tokens."""
-        return self.blocks_for(num_tokens) - len(block_table) <= self.num_available
-
     def allocate(self, block_table: list[int], num_tokens: int) -> bool:
         """Grow ``block_table`` in place to hold ``num_tokens`` tokens; False (and no change) if it can't."""
         missing = self.blocks_for(num_tokens) - len(block_table)

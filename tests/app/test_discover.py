@@ -80,7 +80,7 @@ def test_search_select_see_fit_download_and_load(qtbot, page, hub, ggufs):
     _open_repo(qtbot, page, GGUF_REPO)
     rows = {page.files_model.index(r, 0).data(): [page.files_model.index(r, c).data() for c in range(1, 4)]
             for r in range(page.files_model.rowCount())}
-    assert rows[Q4] == ["Q4_1", f"{len(ggufs[Q4]) / 1024**2:.1f} MB", "fits: 2,048 tokens (estimate)"]
+    assert rows[Q4] == ["Q4_1", f"{len(ggufs[Q4]) / 1024**2:.1f} MiB", "fits: 2,048 tokens (estimate)"]
     assert rows["big/tiny-llama-Q4_K_M-00001-of-00002.gguf"][2] == "can't be used"
     _pick(page, Q4)
     assert "Estimate before download" in page.details.text() and "Licence: apache-2.0" in page.details.text()

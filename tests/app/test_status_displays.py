@@ -97,3 +97,10 @@ def test_the_load_progress_shows_the_phase_and_hides_when_loaded(window):
     window.bridge.load_progress.emit(0.5, "Packing weights")
     window.bridge.fail_load("out of memory")
     assert not bar.isVisible() and window.model_bar.device_label.text() == "no model loaded"
+
+
+def test_every_size_is_written_one_way():
+    from app.units import size_text
+
+    assert [size_text(n) for n in (0, 812 * 1024, 103 * 1024**2 + 1024**2 // 2, 4_700_000_000, 2048 * 1024**3)] == [
+        "0 KiB", "812 KiB", "103.5 MiB", "4.4 GiB", "2,048.0 GiB"]
