@@ -12,6 +12,7 @@ from app.remote_panel import NOT_REPORTED
 from app.remote_servers import REMOTE_ROLE, RemoteServerListModel, RemoteServersDialog, ServerDialog, index_of
 from app.remote_store import RemoteChoice, choice_of
 from tests.helpers.openai_stub import StubServer, free_port
+from tests.helpers.signal_waits import run_until
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
@@ -48,21 +49,6 @@ def remote(window, qloop, stub):
     server = window.remote.save_server("Stub", stub.url, None)
     qloop.run_until_complete(window.remote.refresh_models(server.id))
     return server
-
-
-def run_until(qloop, signal, check, timeout: float = 5.0):
-    """Run the asyncio loop until ``signal`` fires with arguments for which ``check`` is true."""
-    future = qloop.create_future()
-
-    def seen(*args):
-        if not future.done() and check(*args):
-            future.set_result(args)
-
-    signal.connect(seen)
-    try:
-        return qloop.run_until_complete(asyncio.wait_for(future, timeout))
-    finally:
-        signal.disconnect(seen)
 
 
 def pick(window, choice: RemoteChoice) -> None:

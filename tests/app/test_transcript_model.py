@@ -5,21 +5,7 @@ import asyncio
 
 from app.chat_view import MessageWidget
 from app.transcript import LIVE_ROLE, MESSAGE_ROLE
-
-
-def _run_until(qloop, signal, check):
-    """Run the asyncio loop until ``signal`` fires with arguments that ``check`` accepts."""
-    future = qloop.create_future()
-
-    def seen(*args):
-        if not future.done() and check(*args):
-            future.set_result(args)
-
-    signal.connect(seen)
-    try:
-        return qloop.run_until_complete(asyncio.wait_for(future, 30))
-    finally:
-        signal.disconnect(seen)
+from tests.helpers.signal_waits import run_until
 
 
 def _count_drawing(monkeypatch) -> dict:
@@ -72,7 +58,7 @@ def test_a_chat_opened_while_it_streams_shows_what_has_arrived(qtbot, window, ql
     window.bridge.gate = asyncio.Event()  # the reply holds after two words
     streaming_chat = window.current
     task = window.send("Tell me")
-    _run_until(qloop, window.controller.reply_delta, lambda c, r, text: text == "Paris is")
+    run_until(qloop, window.controller.reply_delta, lambda c, r, text: text == "Paris is", timeout=30)
     reply_id = window.conversations.thread(streaming_chat)[-1].id
     window.actions.new()
     assert window.transcript.live == {}  # the new chat streams nothing
