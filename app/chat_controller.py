@@ -11,11 +11,11 @@ from engine import SamplingParams
 
 from .conversations import Conversations
 from .reply_sources import ReplySources
+from .settings import DEFAULTS
 from .store import Message, Status
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
 STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
-DEFAULT_SAMPLING = {"max_tokens": 512, "temperature": 0.7, "top_p": 0.95}
 
 
 class ChatController(QObject):
@@ -99,7 +99,7 @@ class ChatController(QObject):
         return True
 
     def sampling_for(self, conversation_id: int) -> SamplingParams:
-        settings = {**DEFAULT_SAMPLING, **self.conversations.get(conversation_id).settings}
+        settings = {**DEFAULTS["sampling"], **self.conversations.get(conversation_id).settings}
         return SamplingParams(**{k: v for k, v in settings.items() if k in SamplingParams.__slots__})
 
     def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> asyncio.Task:

@@ -22,11 +22,11 @@ STREAMING = ("Write a long story about a lighthouse keeper and her cat.",
 
 
 def greedy(window, conversation_id: int, max_tokens: int) -> None:
-    from .chat_controller import DEFAULT_SAMPLING
+    from .settings import DEFAULTS
 
     chat = window.conversations.get(conversation_id)
     window.conversations.configure(conversation_id, chat.preset, chat.system_prompt,
-                                   {**DEFAULT_SAMPLING, "temperature": 0.0, "max_tokens": max_tokens})
+                                   {**DEFAULTS["sampling"], "temperature": 0.0, "max_tokens": max_tokens})
 
 
 async def settle() -> None:

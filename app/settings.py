@@ -8,10 +8,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import DEFAULT_API_HOST, DEFAULT_API_PORT, SamplingParams
+from engine import CHAT_SAMPLING, DEFAULT_API_HOST, DEFAULT_API_PORT, SamplingParams
 
 log = logging.getLogger(__name__)
 
+# what a chat's settings may set, in the order the dialogs show them
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed")
 DEFAULTS = {
     "theme": "system",  # "system" | "light" | "dark"
     "model": "default",  # the model, quantisation and device that served last: the next start opens on them
@@ -19,12 +21,10 @@ DEFAULTS = {
     "device": "auto",
     "preset": "Helpful assistant",
     "text_scale": 100,  # percent: the transcript's and the message box's text size (Ctrl+= / Ctrl+- / Ctrl+0)
-    "sampling": {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-                 "max_tokens": 512, "seed": None},
+    "sampling": {key: getattr(CHAT_SAMPLING, key) for key in SAMPLING_KEYS},  # the engine's chat defaults
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
-SAMPLING_KEYS = tuple(DEFAULTS["sampling"])
 API_CHECKS = {
     "enabled": lambda v: isinstance(v, bool),
     "host": lambda v: isinstance(v, str) and bool(v.strip()),

@@ -22,14 +22,14 @@ LONG_CHAT = 1000  # earlier messages in the long-chat case
 
 async def generate_round(window, panel_visible: bool) -> float:
     """Decode tokens/s of ``CHATS`` chats generating together."""
-    from .chat_controller import DEFAULT_SAMPLING
+    from .settings import DEFAULTS
 
     window.model_bar.panel_button.setChecked(panel_visible)
     tasks = []
     for i in range(CHATS):
         chat = window.actions.new()
         window.conversations.configure(chat.id, chat.preset, chat.system_prompt, {
-            **DEFAULT_SAMPLING, "temperature": 0.0, "max_tokens": TOKENS, "seed": i})
+            **DEFAULTS["sampling"], "temperature": 0.0, "max_tokens": TOKENS, "seed": i})
         tasks.append(window.send(f"Write a long story about the number {i}."))
     started = time.perf_counter()
     replies = await asyncio.gather(*tasks)
@@ -38,10 +38,10 @@ async def generate_round(window, panel_visible: bool) -> float:
 
 async def stream_into(window, earlier: int) -> None:
     """One greedy reply of ``TOKENS`` tokens in a chat that already holds ``earlier`` messages."""
-    from .chat_controller import DEFAULT_SAMPLING
+    from .settings import DEFAULTS
 
     chat = window.actions.new()
-    window.conversations.configure(chat.id, chat.preset, "", {**DEFAULT_SAMPLING, "temperature": 0.0,
+    window.conversations.configure(chat.id, chat.preset, "", {**DEFAULTS["sampling"], "temperature": 0.0,
                                                              "max_tokens": TOKENS})
     parent = None
     store = window.conversations.store

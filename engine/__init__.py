@@ -35,7 +35,7 @@ from .models.hub_search import repo_options as hub_repo_options
 from .models.hub_search import search_models as search_hub
 from .models.library import LibraryEntry, ModelLibrary, data_dir
 from .models.sources import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
-from .sampling_params import SamplingParams
+from .sampling_params import CHAT_SAMPLING, SamplingParams
 from .serving.async_engine import AsyncEngine
 from .serving.engine import Engine
 from .serving.metrics import EngineStats, FirstToken, GpuUsage, RequestMetrics, RequestSnapshot
@@ -78,6 +78,7 @@ __all__ = [
     "RequestOutput",
     "RequestSnapshot",
     "SamplingParams",
+    "CHAT_SAMPLING",
     "ServerStartError",
     "UnsupportedModelError",
     "WEIGHT_MODES",

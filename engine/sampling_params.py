@@ -102,3 +102,8 @@ def _token_ids(name: str, ids) -> tuple[int, ...]:
 def _shown(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# What a chat starts with, in the app and in ``python -m engine generate|chat``. SamplingParams' own defaults are
+# the OpenAI API's (temperature 1, top_p 1), which the endpoint keeps for clients that send none.
+CHAT_SAMPLING = SamplingParams(max_tokens=512, temperature=0.7, top_p=0.95)

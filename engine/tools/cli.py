@@ -9,6 +9,7 @@ import sys
 
 from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
+from ..sampling_params import CHAT_SAMPLING
 from ..step.attention_backend import ATTENTION_BACKENDS
 from .reply_args import messages_with_system, params_from, reply_record
 
@@ -29,9 +30,9 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=CHAT_SAMPLING.max_tokens)
+    parser.add_argument("--temperature", type=float, default=CHAT_SAMPLING.temperature)
+    parser.add_argument("--top-p", type=float, default=CHAT_SAMPLING.top_p)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--system", default=None, help="a system prompt")
 

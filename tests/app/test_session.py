@@ -126,3 +126,18 @@ def test_the_context_meter_counts_the_chat_on_screen(qtbot, qloop, session):
         qloop.run_until_complete(meter.task)
     messages = session.controller.messages_for_model(session.actions.current)
     assert counted.args == [session.bridge.count_tokens(messages), 2048]
+
+
+def test_every_default_sampling_is_the_engines_chat_sampling(session):
+    """The app's settings, a chat with no sampling of its own and the command line start from one source."""
+    from engine import CHAT_SAMPLING
+    from engine.tools.cli import build_parser
+
+    bare = session.conversations.create("bare", "", None, {})
+    params = session.controller.sampling_for(bare.id)
+    wanted = (CHAT_SAMPLING.max_tokens, CHAT_SAMPLING.temperature, CHAT_SAMPLING.top_p)
+    assert (params.max_tokens, params.temperature, params.top_p) == wanted
+    assert (session.settings["sampling"]["max_tokens"], session.settings["sampling"]["temperature"],
+            session.settings["sampling"]["top_p"]) == wanted
+    args = build_parser().parse_args(["generate", "hello"])
+    assert (args.max_tokens, args.temperature, args.top_p) == wanted
