@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 from .step.attention_backend import ATTENTION_BACKENDS
 
-# int8 / nf4 / fp4: bitsandbytes; int4 / w8: packed weight-only layers (engine/step/block_linear.py on the CPU,
-# engine/step/packed_linear.py on CUDA)
-QUANTIZATIONS = ("auto", "none", "int4", "w8", "int8", "nf4", "fp4")
+# The quantisation families, named once: packed weight-only layers (engine/step/block_linear.py on the CPU,
+# engine/step/packed_linear.py on CUDA) and bitsandbytes' layers
+PACKED_MODES = ("int4", "w8")
+BITSANDBYTES_MODES = ("int8", "nf4", "fp4")
+QUANTIZATIONS = ("auto", "none", *PACKED_MODES, *BITSANDBYTES_MODES)
 WEIGHT_MODES = QUANTIZATIONS[1:]  # what ``auto`` chooses between
 AUTO_QUANTIZATION_RULE = ("auto: on CUDA the compute dtype where the model fits, else nf4; on the CPU int4 or w8 "
                           "for a 4- or 8-bit GGUF file, else none")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .config import BITSANDBYTES_MODES
 from .errors import ModelLoadError
 from .models.sizes import MEMORY_SHARE, float_weight_bytes, kv_bytes_per_token
 
@@ -81,7 +82,6 @@ def cuda_kernel_problem(device: torch.device) -> str | None:
     return None
 
 
-BITSANDBYTES_MODES = ("int8", "nf4", "fp4")
 _bitsandbytes_problems: dict[str, str | None] = {}
 
 

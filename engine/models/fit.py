@@ -6,12 +6,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..config import EngineConfig
+from ..config import PACKED_MODES, EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from ..serving.kv_cache import kv_cache_blocks
 from ..step import attention_plan
 from ..step.block_linear import BLOCK, BLOCK_BYTES, GGUF_KINDS
-from ..step.quantization import PACKED_MODES, packs_output_head, uses_native_blocks
+from ..step.quantization import packs_output_head, uses_native_blocks
 from . import gguf_cache
 from .gguf_info import GGML_TYPE_NAMES, read_gguf_info
 from .model_info import ModelInfo, read_model_info

@@ -21,10 +21,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import EngineConfig
+from ..config import PACKED_MODES, EngineConfig
 from ..devices import choose_quantization, resolve_device, resolve_dtype
 from ..errors import EngineError, HubError, ModelLoadError
-from ..step.quantization import PACKED_MODES
 from .fit import (
     FitEstimate,
     OutputHead,

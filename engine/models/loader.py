@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import EngineConfig
+from ..config import PACKED_MODES, EngineConfig
 from ..devices import choose_quantization, resolve_dtype
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..step import kernels
-from ..step.quantization import PACKED_MODES, module_bytes, quantize_model
+from ..step.quantization import module_bytes, quantize_model
 from . import gguf_cache
 from .gguf_weights import load_packed_gguf
 from .memory import PeakMemory, return_freed_memory

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..config import PACKED_MODES
 from ..errors import ModelLoadError
-from ..step.quantization import PACKED_MODES, pack_output_head, quantized_layer
+from ..step.quantization import pack_output_head, quantized_layer
 from .memory import return_freed_memory
 from .skeleton import empty_model, named_linears, unfilled
 from .sources import ModelSource

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..config import PACKED_MODES
 from . import kernels
 from .block_linear import BLOCK, BlockQuantLinear
 from .packed_linear import Int4Linear, Int8Linear, can_pack_int4
@@ -26,8 +27,6 @@ from .packed_linear import Int4Linear, Int8Linear, can_pack_int4
 log = logging.getLogger(__name__)
 
 INT8_OUTLIER_THRESHOLD = 6.0  # LLM.int8(): activations above this go through a float16 side path
-BITS_PER_WEIGHT = {"none": None, "int8": 8, "nf4": 4, "fp4": 4, "int4": 4, "w8": 8}
-PACKED_MODES = ("int4", "w8")  # torch's packed kernels rather than bitsandbytes
 INT4_GROUP_SIZE = 32  # quantising float weights at load: the same groups as GGUF's Q4 blocks
 
 

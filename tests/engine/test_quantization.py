@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine import QUANTIZATIONS, Engine, EngineConfig, SamplingParams
+from engine.config import PACKED_MODES
 from engine.devices import resolve_quantization
 from engine.models.fit import estimate, output_head, q4_k_linear_weights, weight_bytes
 from engine.models.model_info import read_model_info
@@ -15,7 +16,7 @@ from engine.models.sources import resolve_source
 from engine.step import kernels
 from engine.step.block_linear import BlockQuantLinear
 from engine.step.packed_linear import Int4Linear, Int8Linear
-from engine.step.quantization import PACKED_MODES, import_bitsandbytes
+from engine.step.quantization import import_bitsandbytes
 from engine.tools.plain_attention import plain_attention
 from tests.helpers.oracle import reference_greedy
 from tests.helpers.tiny_gguf import write_tiny_llama_gguf
