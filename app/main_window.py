@@ -298,7 +298,7 @@ class MainWindow(QMainWindow):
 
     def source(self) -> LocalSource | RemoteSource:
         """Where the replies of the chat on screen come from."""
-        return self.sources.of(self.current) if self.current is not None else self.sources.local
+        return self.flow.source()
 
     def use_remote(self, choice: RemoteChoice) -> None:
         """The chat on screen runs on a remote server's model from now on."""

@@ -57,30 +57,31 @@ class ReplyFlow(QObject):
         return True
 
     def regenerate(self) -> asyncio.Task | None:
-        if self.actions.current is None or not self._source().ready:
+        if self.actions.current is None or not self.source().ready:
             return None
         return self.controller.regenerate(self.actions.current)
 
     def continue_reply(self, message_id: int) -> asyncio.Task | None:
-        if self.actions.current is None or not self._source().ready:
+        if self.actions.current is None or not self.source().ready:
             return None
         return self.controller.continue_reply(self.actions.current, message_id)
 
     def _ready(self) -> bool:
         """Whether a message can go now; if not, the status bar says why."""
-        source = self._source()
+        source = self.source()
         if not source.ready:
             self.notice.emit(source.not_ready_message(), 6000)
         return source.ready
 
-    def _source(self):
+    def source(self):
+        """Where the replies of the chat on screen come from."""
         current, sources = self.actions.current, self.session.sources
         return sources.of(current) if current is not None else sources.local
 
     def _make_room(self, text: str) -> bool:
         """The context policy (see :meth:`ConversationActions.make_room`), with its questions."""
         stats = self.session.bridge.stats()
-        if stats is None or self._source().checks_own_context:
+        if stats is None or self.source().checks_own_context:
             return True
         outcome = self.actions.make_room(text, stats.max_model_len, self.session.tokens.count,
                                          self.dialogs.ask_overflow)
