@@ -53,7 +53,7 @@ lint: install
 	$(PY) -m ruff check engine app tests
 
 screenshots: install
-	QT_QPA_PLATFORM=offscreen $(PY) -m app.screenshots docs
+	QT_QPA_PLATFORM=offscreen $(PY) -m app.tools.screenshots docs
 
 # `make bench`: Kvasir vs llama.cpp vs transformers, written to bench/results/ (meant to take under 10 minutes).
 # llama.cpp is skipped with a note until `make peers` has built it. The README table: `$(PY) -m engine bench --readme`.

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             atexit.register(shutil.rmtree, args.data_dir, ignore_errors=True)
     if args.data_dir:
         os.environ["KVASIR_DATA_DIR"] = args.data_dir
-    from .xcb_check import check_before_qt
+    from .startup.xcb_check import check_before_qt
 
     missing = check_before_qt()  # before Qt aborts on a system without the X11 libraries its plugin needs
     if missing is not None:
@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     import qasync
 
-    from .application import create_application
-    from .bridge import EngineBridge
-    from .main_window import MainWindow
+    from .chats.session import ChatSession
+    from .engines.bridge import EngineBridge
     from .resources import APP_ID, app_icon
-    from .session import ChatSession
+    from .startup.application import create_application
+    from .window.main_window import MainWindow
 
     app = create_application(sys.argv[:1])
     app.setApplicationVersion(__version__)
@@ -116,9 +116,9 @@ def open_for_this_run(self_test: bool):
 
     from engine import ModelLibrary, data_dir
 
-    from .settings import config_dir
-    from .single_instance import acquire_instance_lock, already_running_message
-    from .startup_checks import ask_to_move_aside, open_user_files, refuse_in_self_test
+    from .data.settings import config_dir
+    from .startup.checks import ask_to_move_aside, open_user_files, refuse_in_self_test
+    from .startup.single_instance import acquire_instance_lock, already_running_message
 
     folder = Path(data_dir())
     lock = acquire_instance_lock(folder)
@@ -137,8 +137,8 @@ def open_for_this_run(self_test: bool):
 
 async def self_test(window) -> int:
     """Wait for the model, send one message, wait for the streamed reply, print its metrics."""
-    from .bridge import wait_for
-    from .store import Status
+    from .data.store import Status
+    from .engines.bridge import wait_for
 
     started = time.perf_counter()
     bridge = window.bridge

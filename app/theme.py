@@ -8,6 +8,31 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
+# The app's colours by what they mean: widgets name the role, never the colour. A pair is (light, dark).
+ERROR = "#c0392b"  # something failed; a context nearly full
+WARNING = "#b06000"  # a context filling up; older messages not shown
+CAUTION = "#b7791f"  # advice the user may ignore (an API key over plain http)
+SUCCESS = "#2e8b57"
+MUTED = "#888888"  # secondary text: a reply's numbers, hints, a code block's language
+SPEAKER = {"user": "#4a7bd0", "assistant": "#3a9a6a"}  # the name over a message
+LINK = ("#1a5fb4", "#8ab4f8")
+CODE_BACKGROUND = ("#f4f4f4", "#272822")
+TABLE_BORDER = ("#cccccc", "#555555")
+BANNER = {"background": "#fdecea", "border": "#e0a39c", "text": "#5f2120"}  # the engine has stopped
+SERIES = {  # the panels' charts and plots
+    "decode": "#3a7bd5", "prefill": "#e67e22", "kv_usage": "#8e44ad", "ttft": "#c0392b", "queue": "#5f6b7a",
+    "hit_rate": "#2eaa6a",
+}
+BLOCKS = {"shared": "#8e44ad", "cached": "#2eaa6a", "free": "#9aa1aa", "unowned": "#6c7a89"}  # the KV pool
+# Chats' colours in the pool and the request list: none is the shared purple, the cached green or a grey.
+CHATS = ("#3a7bd5", "#e67e22", "#c0392b", "#d4ac0d", "#e84393", "#8d6e63", "#17a2b8", "#34495e")
+
+
+def for_scheme(pair: tuple[str, str], dark: bool) -> str:
+    """The light or the dark colour of ``pair``."""
+    return pair[1] if dark else pair[0]
+
+
 DARK = {
     QPalette.Window: "#202124", QPalette.WindowText: "#e8eaed", QPalette.Base: "#17181a",
     QPalette.AlternateBase: "#26272b", QPalette.Text: "#e8eaed", QPalette.Button: "#2b2c30",

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from app.resources import APP_ID
-from app.xcb_check import package_name
+from app.startup.xcb_check import package_name
 
 ROOT = Path(__file__).resolve().parent.parent
 GLIBC_SONAMES = re.compile(r"^(libc|libm|libdl|libpthread|librt|libutil|libresolv|libanl|ld-linux-x86-64)\.so")

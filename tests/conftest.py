@@ -51,7 +51,7 @@ def qloop(qapp):
 
 @pytest.fixture
 def store(tmp_path):
-    from app.store import Store
+    from app.data.store import Store
 
     s = Store(tmp_path / "kvasir.db")
     yield s

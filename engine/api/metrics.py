@@ -1,30 +1,37 @@
 """``GET /metrics``: the engine's numbers in Prometheus' text format, named as vLLM names its own (with the
-prefix ``kvasir:``), so dashboards and remote panels that read a vLLM server read a Kvasir one the same way."""
+prefix ``kvasir:``, :mod:`engine.serving.prometheus_names`), so dashboards and remote panels that read a vLLM
+server read a Kvasir one the same way."""
 
 from __future__ import annotations
 
+from ..serving import prometheus_names as names
 from ..serving.metrics import EngineStats
 
-# (name, type, help, value of the stats)
+# (name, type, help, value of the stats); a counter's exposed name ends in _total
 METRICS = (
-    ("kv_cache_usage_perc", "gauge", "KV-cache usage (1 = every block in use by a live request)",
+    (names.KV_CACHE_USAGE, "gauge", "KV-cache usage (1 = every block in use by a live request)",
      lambda s: s.kv_usage),
-    ("num_requests_running", "gauge", "Requests in the running batch", lambda s: s.num_running),
-    ("num_requests_waiting", "gauge", "Requests waiting to be scheduled", lambda s: s.num_waiting),
-    ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache",
+    (names.REQUESTS_RUNNING, "gauge", "Requests in the running batch", lambda s: s.num_running),
+    (names.REQUESTS_WAITING, "gauge", "Requests waiting to be scheduled", lambda s: s.num_waiting),
+    (names.PREFIX_CACHE_QUERIES, "counter", "Prompt tokens looked up in the prefix cache",
      lambda s: s.prompt_tokens_total),
-    ("prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache",
+    (names.PREFIX_CACHE_HITS, "counter", "Prompt tokens served from the prefix cache",
      lambda s: s.cached_prompt_tokens_total),
-    ("prefix_cache_hit_rate", "gauge", "Share of prompt tokens served from the prefix cache, recent requests",
+    (names.PREFIX_CACHE_HIT_RATE, "gauge", "Share of prompt tokens served from the prefix cache, recent requests",
      lambda s: s.prefix_hit_rate),
-    ("prompt_tokens_total", "counter", "Prompt tokens admitted", lambda s: s.prompt_tokens_total),
-    ("generation_tokens_total", "counter", "Tokens generated", lambda s: s.generated_tokens_total),
-    ("num_preemptions_total", "counter", "Requests preempted (recomputed later)", lambda s: s.num_preempted_total),
-    ("kv_blocks_total", "gauge", "Blocks in the KV pool", lambda s: s.kv_blocks_total),
-    ("kv_blocks_used", "gauge", "Blocks held by live requests", lambda s: s.kv_blocks_used),
-    ("kv_blocks_cached", "gauge", "Unreferenced blocks keeping a reusable prefix", lambda s: s.kv_blocks_cached),
-    ("kv_blocks_free", "gauge", "Free blocks", lambda s: s.kv_blocks_free),
+    (names.PROMPT_TOKENS, "counter", "Prompt tokens admitted", lambda s: s.prompt_tokens_total),
+    (names.GENERATION_TOKENS, "counter", "Tokens generated", lambda s: s.generated_tokens_total),
+    (names.PREEMPTIONS, "counter", "Requests preempted (recomputed later)", lambda s: s.num_preempted_total),
+    (names.KV_BLOCKS_TOTAL, "gauge", "Blocks in the KV pool", lambda s: s.kv_blocks_total),
+    (names.KV_BLOCKS_USED, "gauge", "Blocks held by live requests", lambda s: s.kv_blocks_used),
+    (names.KV_BLOCKS_CACHED, "gauge", "Unreferenced blocks keeping a reusable prefix", lambda s: s.kv_blocks_cached),
+    (names.KV_BLOCKS_FREE, "gauge", "Free blocks", lambda s: s.kv_blocks_free),
 )
+
+
+def exposed_name(name: str, kind: str) -> str:
+    """The name a sample goes out under: a counter's ends in ``_total``, as Prometheus names them."""
+    return f"{name}_total" if kind == "counter" else name
 
 
 def prometheus_text(stats: EngineStats) -> str:
@@ -32,6 +39,7 @@ def prometheus_text(stats: EngineStats) -> str:
     label = stats.model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     lines = []
     for name, kind, help_text, value in METRICS:
-        lines += [f"# HELP kvasir:{name} {help_text}", f"# TYPE kvasir:{name} {kind}",
-                  f'kvasir:{name}{{model_name="{label}"}} {float(value(stats))!r}']
+        exposed = exposed_name(name, kind)
+        lines += [f"# HELP {exposed} {help_text}", f"# TYPE {exposed} {kind}",
+                  f'{exposed}{{model_name="{label}"}} {float(value(stats))!r}']
     return "\n".join(lines) + "\n"

@@ -10,7 +10,8 @@ The names are the servers' documented ones:
 - llama.cpp's llama-server (``--metrics``): ``llamacpp:kv_cache_usage_ratio`` (older builds only; current ones
   report no KV usage), ``llamacpp:prompt_tokens_total`` (prompt tokens computed, cached ones excluded) and
   ``llamacpp:prompt_tokens_cached_total``, ``llamacpp:requests_processing`` / ``_deferred``;
-- Kvasir's own endpoint (``engine/api/metrics.py``): vLLM's names with the prefix ``kvasir:``.
+- Kvasir's own endpoint (``engine/api/metrics.py``): vLLM's names with the prefix ``kvasir:`` (the names in
+  ``engine/serving/prometheus_names.py``, read here from the same module).
 
 Counters are totals since the server started; :class:`HitRateWindow` turns two readings into the hit rate of
 the prompts in between, like the local engine's recent window.
@@ -24,6 +25,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from ..serving import prometheus_names as names
+
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 WINDOW_S = 60.0  # the hit rate covers the prompts of about the last minute
@@ -31,15 +34,15 @@ WINDOW_S = 60.0  # the hit rate covers the prompts of about the last minute
 KV_USAGE = {"vLLM": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
             "SGLang": ("sglang:token_usage",),
             "llama.cpp": ("llamacpp:kv_cache_usage_ratio",),
-            "Kvasir": ("kvasir:kv_cache_usage_perc",)}
+            "Kvasir": (names.KV_CACHE_USAGE,)}
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
-           "kvasir:num_requests_running")
+           names.REQUESTS_RUNNING)
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred",
-           "kvasir:num_requests_waiting")
+           names.REQUESTS_WAITING)
 PREFIX_COUNTERS = {  # kind: (cached-token counters, queried-token counters), first name found wins
     "vLLM": (("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
              ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")),
-    "Kvasir": (("kvasir:prefix_cache_hits",), ("kvasir:prefix_cache_queries",)),
+    "Kvasir": ((names.PREFIX_CACHE_HITS,), (names.PREFIX_CACHE_QUERIES,)),
 }
 
 
@@ -139,7 +142,8 @@ class HitRateWindow:
 
 
 def _kind(samples: Samples) -> str | None:
-    for prefix, kind in (("vllm:", "vLLM"), ("sglang:", "SGLang"), ("llamacpp:", "llama.cpp"), ("kvasir:", "Kvasir")):
+    servers = (("vllm:", "vLLM"), ("sglang:", "SGLang"), ("llamacpp:", "llama.cpp"), (names.PREFIX, "Kvasir"))
+    for prefix, kind in servers:
         if any(name.startswith(prefix) for name in samples):
             return kind
     return None

@@ -7,8 +7,8 @@ from tests.helpers.fake_engine import FakeBridge
 def window(qtbot, qloop, store, tmp_path, monkeypatch):
     """The main window on a scripted engine and a fresh database."""
     monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
-    from app.main_window import MainWindow
-    from app.session import ChatSession
+    from app.chats.session import ChatSession
+    from app.window.main_window import MainWindow
 
     w = MainWindow(ChatSession(store, FakeBridge()))
     qtbot.addWidget(w)
@@ -32,3 +32,19 @@ def no_unexpected_modal_dialogs(request, monkeypatch):
     for name in ("warning", "question", "information", "critical"):
         monkeypatch.setattr(QMessageBox, name, staticmethod(refuse))
     monkeypatch.setattr(QMessageBox, "exec", lambda self: refuse(self.text()))
+
+
+@pytest.fixture
+def session(qloop, store, tmp_path, monkeypatch):
+    """The app's non-visual layer on a scripted engine and a fresh database, started, with no window."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.chats.session import ChatSession
+
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(tmp_path / "data"))
+    widgets_before = set(QApplication.allWidgets())
+    built = ChatSession(store, FakeBridge())
+    built.start()
+    built.widgets_made = lambda: set(QApplication.allWidgets()) - widgets_before
+    yield built
+    built.shutdown()

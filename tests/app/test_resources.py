@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from app.data.settings import load_presets
 from app.resources import ICON_SIZES, asset, icon_file
-from app.settings import load_presets
 
 ROOT = Path(__file__).resolve().parents[2]
 

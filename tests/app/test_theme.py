@@ -5,7 +5,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QLabel
 
-from app.chat_view import CodeBlock
+from app.transcript.view import CodeBlock
 
 
 def switch_desktop(monkeypatch, dark: bool) -> None:

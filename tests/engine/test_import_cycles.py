@@ -1,74 +1,11 @@
 """No two modules of the engine import each other, directly or round a loop, at module level or inside a function
 (a function-level import that cuts a cycle only hides it: the pure part both sides need belongs in its own module)."""
 
-import ast
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path, root: Path, modules: set[str]) -> set[str]:
-    """The modules of ``modules`` that ``path`` imports anywhere in its code."""
-    name = _module_name(path, root)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            found.add(target)
-            found |= {f"{target}.{alias.name}" for alias in node.names}
-    return {module for module in found if module in modules and module != name}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan's algorithm)."""
-    index, low, stack, on_stack, components = {}, {}, [], set(), []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(graph[node]):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                components.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return components
-
-
-def _graph(folder: str, root: Path = ROOT) -> dict[str, set[str]]:
-    paths = sorted((root / folder).rglob("*.py"))
-    modules = {_module_name(p, root) for p in paths}
-    # a package's face only hands names on; the arrows that matter run between the modules themselves
-    faces = {_module_name(p, root) for p in paths if p.name == "__init__.py"}
-    return {_module_name(p, root): _imports(p, root, modules) - faces for p in paths if p.name != "__init__.py"}
+from tests.helpers.import_graph import cycles, import_graph
 
 
 def test_the_engine_has_no_import_cycles():
-    assert _cycles(_graph("engine")) == []
+    assert cycles(import_graph("engine")) == []
 
 
 def test_the_check_finds_a_cycle_cut_by_a_function_level_import(tmp_path):
@@ -78,4 +15,4 @@ def test_the_check_finds_a_cycle_cut_by_a_function_level_import(tmp_path):
     (package / "a.py").write_text("from .b import thing\n")
     (package / "b.py").write_text("def thing():\n    from .a import other\n")
     (package / "c.py").write_text("from . import a\n")
-    assert _cycles(_graph("pkg", tmp_path)) == [["pkg.a", "pkg.b"]]
+    assert cycles(import_graph("pkg", tmp_path)) == [["pkg.a", "pkg.b"]]

@@ -135,3 +135,16 @@ def test_hit_rate_window_restarts_when_the_server_did():
     restarted = VLLM.replace("2500.0", "10.0").replace("1300.0", "9.0")
     m = window.apply(read_server_metrics(restarted), now=1.0)
     assert m.prefix_hit_rate == pytest.approx(0.9) and not m.hit_rate_recent
+
+
+def test_kvasirs_own_exposition_reads_back_through_the_names_they_share():
+    """The exporter and the reader take their names from one module: what one writes, the other finds."""
+    from engine.api.metrics import prometheus_text
+    from tests.helpers.fake_engine import fake_stats
+
+    stats = fake_stats(kv_usage=0.25, num_running=3, num_waiting=2, prompt_tokens_total=400,
+                       cached_prompt_tokens_total=100)
+    metrics = read_server_metrics(prometheus_text(stats))
+    assert metrics.server_kind == "Kvasir" and metrics.reported
+    assert (metrics.kv_usage, metrics.num_running, metrics.num_waiting) == (0.25, 3, 2)
+    assert metrics.cache_counters == (100.0, 400.0) and metrics.prefix_hit_rate == 0.25

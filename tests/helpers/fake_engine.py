@@ -25,7 +25,7 @@ def fake_stats(**overrides) -> EngineStats:
 
 
 class FakeBridge(QObject):
-    """A :class:`app.bridge.ChatEngine` that streams ``WORDS`` one per tick; ``gate`` (an asyncio.Event) can
+    """A :class:`app.engines.bridge.ChatEngine` that streams ``WORDS`` one per tick; ``gate`` (an asyncio.Event) can
     hold a stream mid-way.
 
     ``fail(reason)`` makes the engine die as the real one can; ``fail_load(reason)`` makes a load fail."""

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from app.bridge import EngineBridge
-from app.main_window import MainWindow
-from app.session import ChatSession
+from app.chats.session import ChatSession
+from app.engines.bridge import EngineBridge
+from app.window.main_window import MainWindow
 from engine import EngineConfig
 
 pytestmark = pytest.mark.slow
@@ -53,6 +53,6 @@ def test_two_chats_stream_together_and_turn_two_is_cached(qtbot, real_window, ql
     follow_up = qloop.run_until_complete(window.send("And what about its museums?"))
     assert follow_up.status == "complete"
     assert follow_up.stats["cached_prompt_tokens"] >= 0.6 * follow_up.stats["prompt_tokens"]
-    window._stats(window.bridge.stats())
+    window.side.show_stats(window.bridge.stats())
     assert window.panel.labels["Prefix hit rate"].text() != "0% of prompt tokens"
     assert "prompt tokens from cache" in window.chat.toPlainText()

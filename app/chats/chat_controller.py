@@ -1,0 +1,170 @@
+"""Sending messages and streaming replies into the store; several conversations may generate at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from PySide6.QtCore import QObject, Signal
+
+from engine import SamplingParams
+
+from ..data.settings import DEFAULTS
+from ..data.store import Message, Status
+from .conversations import Conversations
+from .reply_sources import ReplySources
+
+SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
+STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
+
+
+class ChatController(QObject):
+    """Turns user actions into engine requests and writes to the chats; views listen to its signals and to
+    :class:`Conversations`'."""
+
+    reply_started = Signal(int, int)  # conversation id, reply message id
+    reply_delta = Signal(int, int, str)  # conversation id, reply message id, the text so far
+    first_token = Signal(int, float)  # conversation id, time to first token (s), the moment it arrives
+    reply_finished = Signal(int, object)  # conversation id, the stored Message
+
+    def __init__(self, conversations: Conversations, sources: ReplySources, parent=None) -> None:
+        super().__init__(parent)
+        self.conversations, self.sources = conversations, sources
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
+
+    def is_generating(self, conversation_id: int) -> bool:
+        return conversation_id in self.tasks
+
+    def send(self, conversation_id: int, text: str) -> asyncio.Task:
+        """Add the user's message to the thread and start the reply."""
+        head = self.conversations.get(conversation_id).head_id
+        if not self.conversations.thread(conversation_id):
+            self.conversations.rename(conversation_id, _title_from(text))
+        user = self.conversations.add_message(conversation_id, "user", text, parent_id=head)
+        return self._start(conversation_id, user.id)
+
+    def regenerate(self, conversation_id: int) -> asyncio.Task | None:
+        """Write the last reply again; the old one stays as a previous version."""
+        thread = self.conversations.thread(conversation_id)
+        last_user = next((m for m in reversed(thread) if m.role == "user"), None)
+        if last_user is None or self.is_generating(conversation_id):
+            return None
+        self.conversations.show_up_to(conversation_id, last_user.id)
+        return self._start(conversation_id, last_user.id)
+
+    def edit(self, conversation_id: int, message_id: int, text: str) -> asyncio.Task:
+        """Replace a user message and what followed it; the old branch is kept as a previous version."""
+        original = self.conversations.message(message_id)
+        if original.role != "user":
+            raise ValueError("only your own messages can be edited")
+        edited = self.conversations.add_message(conversation_id, "user", text, parent_id=original.parent_id)
+        return self._start(conversation_id, edited.id)
+
+    def stop(self, conversation_id: int) -> None:
+        task = self.tasks.get(conversation_id)
+        if task is not None:
+            task.cancel()
+
+    def messages_for_model(self, conversation_id: int, next_user_text: str | None = None,
+                           skipped: int | None = None) -> list[dict]:
+        """The chat messages the model sees: the system prompt and the thread on screen, less any turns the
+        user chose to drop when the context filled up (or the first ``skipped``); ``next_user_text`` is a
+        message about to be sent."""
+        conv = self.conversations.get(conversation_id)
+        skipped = conv.settings.get("skip_messages", 0) if skipped is None else skipped
+        thread = self.conversations.thread(conversation_id)[skipped:]
+        if next_user_text is not None:
+            thread = [*thread, Message(0, conversation_id, None, "user", next_user_text, 0.0)]
+        system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        return system + [{"role": m.role, "content": m.text} for m in thread if m.text or m.role == "user"]
+
+    def context_needed(self, conversation_id: int, next_user_text: str, count_tokens,
+                       skipped: int | None = None) -> int:
+        """Tokens the next request needs: its prompt plus the reply's max_tokens."""
+        prompt = count_tokens(self.messages_for_model(conversation_id, next_user_text, skipped))
+        return prompt + self.sampling_for(conversation_id).max_tokens
+
+    def drop_oldest_turns(self, conversation_id: int, next_user_text: str, count_tokens, limit: int) -> bool:
+        """Stop sending the oldest turns (the system prompt stays) until the next request fits; False if even
+        the new message alone would not fit."""
+        original = self.conversations.get(conversation_id).settings.get("skip_messages", 0)
+        skipped, visible = original, len(self.conversations.thread(conversation_id))
+        while self.context_needed(conversation_id, next_user_text, count_tokens, skipped) > limit:
+            if skipped >= visible:
+                return False
+            skipped += 2
+        if skipped != original:
+            self.conversations.set_skipped(conversation_id, skipped)
+        return True
+
+    def sampling_for(self, conversation_id: int) -> SamplingParams:
+        settings = {**DEFAULTS["sampling"], **self.conversations.get(conversation_id).settings}
+        return SamplingParams(**{k: v for k, v in settings.items() if k in SamplingParams.__slots__})
+
+    def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> asyncio.Task:
+        task = asyncio.ensure_future(self._generate(conversation_id, parent_id, continuing))
+        self.tasks[conversation_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(conversation_id, None))
+        return task
+
+    def continue_reply(self, conversation_id: int, message_id: int) -> asyncio.Task | None:
+        """Write on from where a reply stopped (at max_tokens): the model continues its own text, and the
+        new words join the same message."""
+        reply = self.conversations.message(message_id)
+        thread = self.conversations.thread(conversation_id)
+        if self.is_generating(conversation_id) or not thread or thread[-1].id != message_id or \
+                reply.role != "assistant":
+            return None
+        return self._start(conversation_id, reply.parent_id, continuing=reply)
+
+    async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> Message:
+        messages = self.messages_for_model(conversation_id)  # a continued reply is its last message
+        source = self.sources.of(conversation_id)
+        if continuing is None:
+            model, quantization = source.model_names()
+            reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
+                                                   status=Status.PARTIAL, model=model, quantization=quantization)
+        else:
+            reply = continuing
+        before = reply.text
+        self.reply_started.emit(conversation_id, reply.id)
+        text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
+        try:
+            sampling = self.sampling_for(conversation_id)
+            stream = source.stream(messages, sampling)
+            self.request_owners[stream.request_id] = conversation_id
+            async for out in stream:
+                if last is None and out.metrics.ttft_s is not None:
+                    self.first_token.emit(conversation_id, out.metrics.ttft_s)
+                text, last = before + out.text, out
+                self.reply_delta.emit(conversation_id, reply.id, text)
+                if time.monotonic() - saved > SAVE_INTERVAL_S:
+                    self.conversations.save_partial(reply.id, text)
+                    saved = time.monotonic()
+            status, error = STATUS_OF[last.finish_reason], last.error
+        except asyncio.CancelledError:
+            status = Status.STOPPED
+        except Exception as exc:  # the engine refused the request: say why, keep what arrived
+            status, error = Status.ERROR, str(exc)
+        finally:
+            self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
+            metrics = _metrics(last, continuing.stats if continuing else None)
+            stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
+                                                       stats=metrics)
+            self.reply_finished.emit(conversation_id, stored)
+        return stored
+
+
+def _metrics(out, earlier: dict | None = None) -> dict:
+    """A reply's numbers; for a continued reply, its tokens count both parts."""
+    if out is None:
+        return dict(earlier or {})
+    earlier_tokens = (earlier or {}).get("output_tokens", 0)
+    return {**out.metrics.to_dict(), "output_tokens": earlier_tokens + out.metrics.output_tokens,
+            "finish_reason": out.finish_reason}
+
+
+def _title_from(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "New chat"
+    return line if len(line) <= 48 else line[:47] + "…"

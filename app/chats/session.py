@@ -1,0 +1,59 @@
+"""The app without its window: the chats and their store, personas, where each chat runs, the reply flow, what
+users do to chats, the token counter and the local API.
+
+Built before the window and handed to it (:class:`~app.window.main_window.MainWindow` lays it out and connects its
+signals to the views); a test builds one with no window at all and drives it through its public objects.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject
+
+from engine import ModelLibrary
+
+from ..data.personas import Personas
+from ..data.remote_store import RemoteServerStore
+from ..data.settings import Settings, load_presets
+from ..data.store import Store
+from ..engines.bridge import ChatEngine
+from ..engines.local_api import LocalApi
+from ..engines.remote_engines import RemoteEngines
+from ..engines.token_counter import TokenCounter
+from .chat_controller import ChatController
+from .conversation_actions import ConversationActions
+from .conversations import Conversations
+from .reply_sources import ReplySources
+
+
+class ChatSession(QObject):
+    """One user's chats on one engine: the non-visual layer, every part built here and nowhere else."""
+
+    def __init__(self, store: Store, bridge: ChatEngine, library: ModelLibrary | None = None,
+                 settings: Settings | None = None, remote: RemoteEngines | None = None,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.store, self.bridge = store, bridge
+        self.library = library or ModelLibrary()
+        self.settings = settings or Settings()
+        self.personas = Personas(store, load_presets(), self.settings, self)
+        self.conversations = Conversations(store, self)
+        self.remote = remote if remote is not None else RemoteEngines(RemoteServerStore(), self)
+        self.sources = ReplySources(self.conversations, bridge, self.remote)
+        self.controller = ChatController(self.conversations, self.sources, self)
+        self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)
+        self.tokens = TokenCounter(bridge.count_tokens)
+        self.local_api = LocalApi(lambda: getattr(bridge, "engine", None), self)  # the bridge's own engine
+
+    def start(self) -> None:
+        """Serve the local API if the settings ask for it, open the latest chat, ask the servers for models
+        (after the views are connected, so they see each of these happen)."""
+        self.local_api.apply(self.settings["api"])
+        self.actions.open_first()
+        self.remote.refresh_all()
+
+    def shutdown(self) -> None:
+        """Stop every reply being written, the local API and the remote clients."""
+        for task in list(self.controller.tasks.values()):
+            task.cancel()
+        self.local_api.shutdown()
+        self.remote.shutdown()

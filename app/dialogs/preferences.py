@@ -1,0 +1,115 @@
+"""Preferences: the defaults new chats start with, the theme, the text size and the local API."""
+
+from __future__ import annotations
+
+import secrets
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QSpinBox,
+)
+
+from engine import ApiConfig, ApiConfigError
+
+from ..data.settings import DEFAULTS, TEXT_SCALES, Preset
+from .sampling_form import SamplingForm, int_box, stack_with_ok_cancel
+
+
+class ApiForm(QGroupBox):
+    """The local OpenAI-compatible endpoint: on or off, where it listens, and its API key."""
+
+    def __init__(self, values: dict, status: str = "", parent=None) -> None:
+        super().__init__("Local API (OpenAI-compatible)", parent)
+        values = {**DEFAULTS["api"], **values}
+        self.enabled = QCheckBox("Serve the model to other programs over HTTP")
+        self.enabled.setChecked(values["enabled"])
+        self.host = QLineEdit(values["host"])
+        self.host.setToolTip("127.0.0.1: this computer only. Any other address needs an API key.")
+        self.port = int_box(1, 65535, values["port"])
+        self.api_key = QLineEdit(values["api_key"])
+        self.api_key.setEchoMode(QLineEdit.PasswordEchoOnEdit)
+        self.api_key.setPlaceholderText("none (only allowed on 127.0.0.1)")
+        self.generate = QPushButton("Generate")
+        self.generate.setToolTip("A new random key; clients send it as 'Authorization: Bearer <key>'")
+        self.generate.clicked.connect(lambda: self.api_key.setText(secrets.token_urlsafe(24)))
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.api_key, 1)
+        key_row.addWidget(self.generate)
+        self.status = QLabel(status or "Off")
+        self.status.setObjectName("apiStatus")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        form = QFormLayout(self)
+        form.addRow(self.enabled)
+        form.addRow("Address", self.host)
+        form.addRow("Port", self.port)
+        form.addRow("API key", key_row)
+        form.addRow("Status", self.status)
+        self.enabled.toggled.connect(self._enable_fields)
+        self._enable_fields(self.enabled.isChecked())
+
+    def _enable_fields(self, on: bool) -> None:
+        for field in (self.host, self.port, self.api_key, self.generate):
+            field.setEnabled(on)
+
+    def values(self) -> dict:
+        return {"enabled": self.enabled.isChecked(), "host": self.host.text().strip(), "port": self.port.value(),
+                "api_key": self.api_key.text().strip()}
+
+    def accept_or_explain(self) -> bool:
+        """True unless the endpoint is on with settings it can't start with (another address without a key)."""
+        values = self.values()
+        if not values["enabled"]:
+            return True
+        try:
+            ApiConfig(values["host"], values["port"], values["api_key"] or None)
+        except ApiConfigError as exc:
+            QMessageBox.warning(self, "Local API settings not valid", f"{str(exc)[0].upper()}{str(exc)[1:]}.")
+            return False
+        return True
+
+
+class PreferencesDialog(QDialog):
+    """Defaults for new chats, the theme, the text size, and the local API (``api_status``: what it is doing
+    now)."""
+
+    def __init__(self, presets: list[Preset], values: dict, parent=None, api_status: str = "") -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Preferences")
+        self.theme = QComboBox()
+        self.theme.addItems(["system", "light", "dark"])
+        self.theme.setCurrentText(values["theme"])
+        self.theme.setAccessibleDescription("“system” follows the desktop's light or dark setting as it changes")
+        self.text_scale = QSpinBox(minimum=TEXT_SCALES[0], maximum=TEXT_SCALES[-1], singleStep=10, suffix=" %")
+        self.text_scale.setValue(values.get("text_scale", DEFAULTS["text_scale"]))
+        self.text_scale.setAccessibleDescription("The size of the conversation's text; Ctrl+= and Ctrl+- change "
+                                                 "it, Ctrl+0 puts it back to 100 %")
+        self.preset = QComboBox()
+        self.preset.addItems([p.name for p in presets])
+        self.preset.setCurrentText(values["preset"])
+        self.sampling = SamplingForm(values["sampling"])
+        general = QGroupBox("New chats and appearance")
+        form = QFormLayout(general)
+        form.addRow("Theme", self.theme)
+        form.addRow("Text size", self.text_scale)
+        form.addRow("Persona for new chats", self.preset)
+        self.api = ApiForm(values.get("api", {}), api_status)
+        stack_with_ok_cancel(self, general, self.sampling, self.api)
+
+    def accept(self) -> None:
+        if self.sampling.accept_or_explain() and self.api.accept_or_explain():
+            super().accept()
+
+    def result_values(self) -> dict:
+        return {"theme": self.theme.currentText(), "text_scale": self.text_scale.value(),
+                "preset": self.preset.currentText(), "sampling": self.sampling.values(), "api": self.api.values()}

@@ -1,0 +1,251 @@
+"""The one place that holds the engine. Loads it in the background and turns its work into Qt signals.
+
+The engine's own thread does every torch call; this object only forwards requests to it and relays what
+comes back, so the GUI thread never runs torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+
+from engine import AsyncEngine, EngineConfig, EngineStats, RequestOutput, SamplingParams
+
+STATS_INTERVAL_MS = 250
+
+
+class ReplyStream(Protocol):
+    """A reply being generated: ``async for`` its outputs; leaving the loop stops it."""
+
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
+
+
+class ChatEngine(Protocol):
+    """What the window and the controller use of the engine. :class:`EngineBridge` is the real one; the tests'
+    scripted bridge provides the same.
+
+    Signals: ``load_progress(fraction, phrase)``, ``loaded(EngineStats)``, ``load_failed(reason)``,
+    ``stats_updated(EngineStats)``, ``engine_failed(reason)``.
+    """
+
+    load_progress: Signal
+    loaded: Signal
+    load_failed: Signal
+    stats_updated: Signal
+    engine_failed: Signal
+    config: EngineConfig | None  # the configuration that serves (or loads)
+    loading: bool
+    failure: str | None
+    load_error: str | None
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def serving(self) -> bool: ...
+
+    def start(self, config: EngineConfig) -> None: ...
+
+    async def switch(self, config: EngineConfig) -> None: ...
+
+    def restart(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def stream(self, messages: list[dict], sampling: SamplingParams) -> ReplyStream: ...
+
+    def count_tokens(self, messages: list[dict]) -> int: ...
+
+    def stats(self) -> EngineStats | None: ...
+
+
+class EngineBridge(QObject):
+    """Owns the :class:`AsyncEngine`; emits load progress, load results, stats snapshots and engine failures.
+
+    One load runs at a time: a switch asked for while the first model loads waits for it and then runs (the
+    latest one asked for wins), so there is never a second engine thread holding a model nobody uses.
+    """
+
+    load_progress = Signal(float, str)
+    loaded = Signal(object)  # EngineStats
+    load_failed = Signal(str)
+    stats_updated = Signal(object)  # EngineStats
+    engine_failed = Signal(str)  # the engine thread died; the reason
+    _load_done = Signal(object, str)  # from the load thread: the engine or None, and why it failed
+    _died = Signal(int, str)  # from the engine thread: which engine (generation), and why
+
+    def __init__(self, parent: QObject | None = None, engine_factory: Callable[..., AsyncEngine] = AsyncEngine) -> None:
+        super().__init__(parent)
+        self.engine: AsyncEngine | None = None
+        self.config: EngineConfig | None = None
+        self.loading = False
+        self.load_error: str | None = None  # why the last load failed
+        self.failure: str | None = None  # why the engine stopped serving; None while it serves
+        self._factory = engine_factory
+        self._pending: EngineConfig | None = None  # a switch asked for while a background load runs
+        self._background_load = False  # a load thread is running (``loading`` also covers switches)
+        self._generation = 0  # tells a dead engine's late report from the current engine's
+        self._closed = False
+        self._lock = threading.Lock()  # orders a load finishing against shutdown()
+        self._timer = QTimer(self)
+        self._timer.setInterval(STATS_INTERVAL_MS)
+        self._timer.timeout.connect(self._poll_stats)
+        self._load_done.connect(self._finish_load, Qt.QueuedConnection)
+        self._died.connect(self._engine_died, Qt.QueuedConnection)
+
+    @property
+    def ready(self) -> bool:
+        """True when a model is loaded and the engine serves requests."""
+        engine = self.engine
+        return engine is not None and not self.loading and self.failure is None and engine.alive
+
+    @property
+    def serving(self) -> bool:
+        """True while an engine is up, even during a switch (a failed switch leaves the old model serving)."""
+        engine = self.engine
+        return engine is not None and self.failure is None and engine.alive
+
+    def start(self, config: EngineConfig) -> None:
+        """Load a model in a background thread (the window stays responsive); during a load, queue it."""
+        if self._background_load:
+            self._pending = config
+            return
+        self._background_load = True
+        self.config, self.loading, self.load_error, self.failure = config, True, None, None
+        self._generation += 1
+        threading.Thread(target=self._load, args=(config, self._generation), name="kvasir-load", daemon=True).start()
+
+    def _load(self, config: EngineConfig, generation: int) -> None:
+        try:
+            engine = self._factory(config, progress=self._report_progress,
+                                   on_failure=lambda reason: self._died.emit(generation, reason))
+        except Exception as exc:  # shown to the user in words
+            self._load_done.emit(None, str(exc) or type(exc).__name__)
+            return
+        with self._lock:
+            orphan = self._closed
+            if not orphan:
+                self.engine = engine
+        if orphan:  # the app quit while this model loaded: nobody will use it, so free it now
+            engine.shutdown()
+            return
+        self._load_done.emit(engine, "")
+
+    def _finish_load(self, engine: AsyncEngine | None, error: str) -> None:
+        """On the GUI thread: run a switch that waited for this load, or report the load's result."""
+        self.loading = self._background_load = False
+        pending, self._pending = self._pending, None
+        if self._closed:
+            return
+        if engine is None and pending is not None:
+            self.start(pending)  # the user has asked for another model since; the failed one no longer matters
+        elif engine is None:
+            self.load_error = error
+            self.load_failed.emit(error)
+        else:
+            self._timer.start()
+            self.loaded.emit(engine.stats())
+            if pending is not None:
+                asyncio.ensure_future(self.switch(pending))
+
+    def _report_progress(self, fraction: float, phrase: str) -> None:
+        self.load_progress.emit(fraction, phrase)
+
+    async def switch(self, config: EngineConfig) -> None:
+        """Switch model or quantisation; on failure the previous model keeps serving and load_failed says why.
+
+        With no engine yet (or a dead one) this loads ``config`` in the background; during the first load it
+        is queued behind it."""
+        if self.engine is None or self.failure is not None or not self.engine.alive:
+            self._replace_engine(config)
+            return
+        self.loading = True
+        try:
+            await self.engine.switch_model(config, progress=self._report_progress)
+        except Exception as exc:
+            self.load_error = str(exc)
+            self.load_failed.emit(str(exc))
+        else:
+            self.config = config
+            self.loaded.emit(self.engine.stats())
+        finally:
+            self.loading = False
+
+    def restart(self) -> None:
+        """Shut the dead engine down and load a fresh one with the last configuration, in the background."""
+        if self.config is not None:
+            self._replace_engine(self.config)
+
+    def _replace_engine(self, config: EngineConfig) -> None:
+        if self._background_load:
+            self._pending = config
+            return
+        old, self.engine = self.engine, None
+        if old is not None:
+            old.shutdown()  # its thread has stopped (or never served), so this returns at once
+        self.start(config)
+
+    def _engine_died(self, generation: int, reason: str) -> None:
+        if generation != self._generation or self._closed:
+            return  # an engine already replaced, or the app is closing
+        self.failure = reason
+        self._timer.stop()
+        self.engine_failed.emit(reason)
+
+    def stream(self, messages: list[dict], sampling: SamplingParams) -> ReplyStream:
+        """Stream a reply to chat ``messages``; leaving the loop stops it."""
+        return self.engine.stream(messages, sampling)
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        """Prompt tokens of ``messages`` with the chat template (tokenizers are safe to use off the engine thread)."""
+        tokenizer = self.engine.tokenizer
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def stats(self) -> EngineStats | None:
+        """The latest engine snapshot, or None before the first model has loaded."""
+        return self.engine.stats() if self.engine else None
+
+    def _poll_stats(self) -> None:
+        if self.engine is not None:
+            self.stats_updated.emit(self.engine.stats())
+
+    def shutdown(self) -> None:
+        """Stop the engine thread; a model still loading is shut down as soon as its load finishes."""
+        self._timer.stop()
+        with self._lock:
+            self._closed = True
+            engine = self.engine
+        self._pending = None
+        if engine is not None:
+            engine.shutdown()
+
+
+async def wait_for(signal, timeout: float):
+    """Await the next emission of a Qt ``signal`` (its arguments), inside the qasync loop."""
+    future = asyncio.get_running_loop().create_future()
+
+    def done(*args):
+        if not future.done():
+            future.set_result(args)
+
+    signal.connect(done)
+    try:
+        return await asyncio.wait_for(future, timeout)
+    finally:
+        signal.disconnect(done)
+
+
+def not_ready_message(bridge: ChatEngine) -> str:
+    """What the status bar says when a message can't be sent yet; the text stays in the box either way."""
+    if bridge.failure is not None:
+        return "The engine has stopped; restart it from the bar above. Your message is kept in the box."
+    if bridge.load_error is not None and not bridge.loading:
+        return "No model is loaded; try again or choose another model above. Your message is kept in the box."
+    return "The model is still loading; your message is kept in the box."

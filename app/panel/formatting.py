@@ -1,0 +1,41 @@
+"""The live panel's numbers in words: durations, sizes, the device and the GPU's memory and load."""
+
+from __future__ import annotations
+
+from engine import EngineStats, GpuUsage
+
+from ..units import size_text
+
+
+def ms_text(seconds: float | None) -> str:
+    """A short duration: "–" when unknown, "<1 ms", "240 ms", "12.5 s"."""
+    if seconds is None:
+        return "–"
+    if seconds < 0.001:
+        return "<1 ms"
+    if seconds < 10:
+        return f"{seconds * 1000:,.0f} ms"
+    return f"{seconds:,.1f} s"
+
+
+def device_text(stats: EngineStats) -> str:
+    """The device and why it was chosen: "CPU — torch was built without CUDA", "cuda — CUDA GPU: …"."""
+    name = "CPU" if stats.device == "cpu" else stats.device
+    return f"{name} — {stats.device_reason}" if stats.device_reason else name
+
+
+def gpu_memory_text(gpu: GpuUsage) -> str:
+    """Memory in use on the GPU (every process) and the part this app's allocator holds."""
+    return (f"{size_text(gpu.memory_used_bytes)} of {size_text(gpu.memory_total_bytes)} in use "
+            f"({size_text(gpu.memory_reserved_bytes)} held by Kvasir)")
+
+
+def gpu_load_text(gpu: GpuUsage) -> str:
+    """The share of time a kernel ran, or why that is not known."""
+    if gpu.utilization_percent is None:
+        return gpu.utilization_note or "not available"
+    return f"{gpu.utilization_percent}% busy"
+
+
+def errors_text(count: int) -> str:
+    return "none since start" if count == 0 else f"{count:,} since start"

@@ -1,0 +1,1 @@
+"""Starting the app: the QApplication, the checks of the user's files and of Qt's libraries, one instance."""

@@ -1,0 +1,107 @@
+"""``make screenshots``: the app as a user sees it, on the real default model, as PNGs in ``docs/``.
+
+Every reply in them was written by the model (greedy, so the pictures can be made again): nothing is typed
+into the database and credited to it. Shots: a chat while three others stream (light and dark), finished
+replies with their numbers, the context-full question, the engine panel close up (its numbers, then its
+charts), and the model manager (its library, and Discover before a search).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from .offscreen import start_offscreen
+
+QUESTION = "How do I sort a list of dicts by a key in Python? Show a short code example."
+FOLLOW_UP = "And how do I sort from the largest to the smallest?"
+STREAMING = ("Write a long story about a lighthouse keeper and her cat.",
+             "Write a long, detailed explanation of how bread rises.",
+             "Write a long letter to a friend about a trip to Norway.")
+
+
+def greedy(window, conversation_id: int, max_tokens: int) -> None:
+    from ..data.settings import DEFAULTS
+
+    chat = window.conversations.get(conversation_id)
+    window.conversations.configure(conversation_id, chat.preset, chat.system_prompt,
+                                   {**DEFAULTS["sampling"], "temperature": 0.0, "max_tokens": max_tokens})
+
+
+async def settle() -> None:
+    """Let Qt lay out and paint: the loop runs Qt's events while this waits (a nested processEvents() here
+    would re-enter the running asyncio task)."""
+    await asyncio.sleep(0.2)
+
+
+async def capture(window, out: Path) -> list[Path]:
+    from ..chats.conversation_actions import Overflow
+
+    shots = []
+
+    async def save(widget, name: str) -> None:
+        await settle()
+        path = out / f"{name}.png"
+        widget.grab().save(str(path))
+        shots.append(path)
+
+    example = window.current
+    greedy(window, example, 160)
+    await window.send(QUESTION)
+    await window.send(FOLLOW_UP)
+    await save(window, "finished-replies")
+    tasks = []
+    for prompt in STREAMING:  # one after the other, so later chats find the shared system prompt cached
+        chat = window.actions.new()
+        greedy(window, chat.id, 400)
+        tasks.append(window.send(prompt))
+        await asyncio.sleep(1.5)
+    await asyncio.sleep(2.0)  # the last one streams on screen; a few seconds of history for the plots
+    for theme in ("light", "dark"):
+        window.apply_theme(theme)
+        window.side.show_stats(window.bridge.stats())
+        await save(window, f"main-{theme}")
+    window.apply_theme("light")
+    window.side.show_stats(window.bridge.stats())
+    await save(window.panel, "engine-panel")
+    window.panel.tabs.setCurrentIndex(1)
+    await save(window.panel, "engine-charts")
+    window.panel.tabs.setCurrentIndex(0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    window.actions.open(example)
+    box, _ = window.flow.dialogs.overflow_box(Overflow(needed=2412, limit=2048))
+    box.show()
+    await save(box, "context-full")
+    box.close()
+    dialog = window.open_model_manager()
+    for _ in range(100):  # the fit estimate arrives from a worker thread
+        if dialog.fit.text() != "Estimating…":
+            break
+        await asyncio.sleep(0.05)
+    await save(dialog, "model-manager")
+    dialog.tabs.setCurrentWidget(dialog.discover)  # before a search: nothing on it comes from a network
+    await save(dialog, "model-manager-discover")
+    dialog.close()
+    return shots
+
+
+def main() -> int:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs")
+    out.mkdir(parents=True, exist_ok=True)
+    session = start_offscreen("kvasir-screens-")
+    session.window.resize(1360, 860)
+
+    async def run() -> list[Path]:
+        await session.load(model="default")
+        return await capture(session.window, out)
+
+    shots = session.run(run())
+    print("screenshots written: " + ", ".join(str(p) for p in shots))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

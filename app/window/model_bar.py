@@ -1,0 +1,190 @@
+"""The top bar: which model serves, in which quantisation, on which device, and the load under way.
+
+The pickers show what serves: after a failed switch they return to the model that still does, and a
+successful load is remembered (``model``, ``quantization`` and ``device`` in the settings) so the next start
+opens on it. The remote servers' models follow the local ones; while the chat on screen runs on one of them
+(:meth:`ModelBar.show_remote`), the bar shows that model and its server instead.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+
+from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
+
+from ..data.remote_store import RemoteChoice
+from ..data.settings import Settings
+from ..engines.bridge import ChatEngine
+from ..engines.remote_engines import RemoteEngines
+
+REMOTE_ROLE = Qt.UserRole + 1  # a model bar item's RemoteChoice (local items hold their spec in Qt.UserRole)
+
+
+def add_remote_items(box: QComboBox, engines: RemoteEngines, shown: RemoteChoice | None) -> None:
+    """The servers' models after the local ones, each as 'server · model' holding its :class:`RemoteChoice`;
+    a server whose models are unknown shows as one disabled row saying why. ``shown`` is kept even when its
+    server no longer lists it, so the bar can always show what the chat on screen runs on."""
+    choices = [RemoteChoice(s.id, m.id) for s in engines.servers() for m in engines.models.get(s.id, [])]
+    if shown is not None and shown not in choices:
+        choices.append(shown)
+    unknown = [s for s in engines.servers() if s.id not in engines.models]
+    if not choices and not unknown:
+        return
+    box.insertSeparator(box.count())
+    for choice in choices:
+        box.addItem(engines.label(choice))
+        box.setItemData(box.count() - 1, choice, REMOTE_ROLE)
+        box.setItemData(box.count() - 1, f"A model on the remote server {engines.label(choice)}", Qt.ToolTipRole)
+    for server in unknown:
+        reason = engines.model_errors.get(server.id, "asking the server for its models…")
+        box.addItem(f"{server.name} · {'unreachable' if server.id in engines.model_errors else 'connecting…'}")
+        box.setItemData(box.count() - 1, reason, Qt.ToolTipRole)
+        box.model().item(box.count() - 1).setEnabled(False)
+
+
+def index_of(box: QComboBox, choice: RemoteChoice) -> int:
+    """The row of ``choice`` in the model bar, or -1."""
+    return next((i for i in range(box.count()) if box.itemData(i, REMOTE_ROLE) == choice), -1)
+
+
+class ModelBar(QWidget):
+    """Model and quantisation pickers, load progress, the device in words and the panel switch.
+
+    Emits ``switch_requested(EngineConfig)`` when the user picks another model or quantisation and
+    ``remote_requested(RemoteChoice)`` when they pick a remote server's model; follows the engine's load events
+    by itself."""
+
+    switch_requested = Signal(object)  # EngineConfig
+    remote_requested = Signal(object)  # RemoteChoice
+
+    def __init__(self, library: ModelLibrary, bridge: ChatEngine, settings: Settings, parent=None,
+                 remote: RemoteEngines | None = None) -> None:
+        super().__init__(parent)
+        self.library, self.bridge, self.settings, self.remote = library, bridge, settings, remote
+        self.serving: tuple[str, str] | None = None  # (model spec, quantisation) of the model that serves
+        self.remote_shown: RemoteChoice | None = None  # the remote model the chat on screen runs on
+        self.model_box = QComboBox()
+        self.model_box.setToolTip("Model (Ctrl+K)")
+        self.model_box.setAccessibleName("Model")
+        self.model_box.setMinimumWidth(220)
+        self.quant_box = QComboBox()
+        self.quant_box.addItems(QUANTIZATIONS)
+        self.quant_box.setToolTip("Quantisation. " + AUTO_QUANTIZATION_RULE)
+        self.quant_box.setAccessibleName("Quantisation")
+        self.progress = QProgressBar(maximumWidth=260, textVisible=True)
+        self.progress.setAccessibleName("Model loading")
+        self.progress.hide()
+        self.device_label = QLabel("loading…")
+        self.device_label.setObjectName("deviceLabel")
+        self.panel_button = QPushButton("Engine panel", checkable=True, checked=True)
+        self.panel_button.setToolTip("Show or hide the live engine panel (Ctrl+J)")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 0)
+        for widget in (QLabel("Model"), self.model_box, self.quant_box, self.progress):
+            layout.addWidget(widget)
+        layout.addStretch(1)
+        layout.addWidget(self.device_label)
+        layout.addWidget(self.panel_button)
+        self.refill()
+        self._show(settings["model"], settings["quantization"])
+        self.model_box.activated.connect(lambda _: self._picked())
+        self.quant_box.activated.connect(lambda _: self._picked())
+        bridge.load_progress.connect(self._progress)
+        bridge.loaded.connect(self._loaded)
+        bridge.load_failed.connect(self._load_failed)
+        bridge.engine_failed.connect(self._engine_failed)
+        bridge.stats_updated.connect(self._stats)
+        if remote is not None:
+            remote.servers_changed.connect(self.refill)
+            remote.models_changed.connect(lambda _: self.refill())
+
+    def refill(self) -> None:
+        """The library's models and the remote servers' ones, keeping the one shown."""
+        current = self.model_box.currentData()
+        self.model_box.clear()
+        for entry in self.library.entries():
+            self.model_box.addItem(entry.name, entry.spec)
+        if self.remote is not None:
+            add_remote_items(self.model_box, self.remote, self.remote_shown)
+        shown = index_of(self.model_box, self.remote_shown) if self.remote_shown else -1
+        self.model_box.setCurrentIndex(shown if shown >= 0 else max(0, self.model_box.findData(current)))
+
+    def choose(self, spec: str, quantization: str) -> None:
+        """Show ``spec`` in ``quantization`` (the model manager's choice) and ask for it."""
+        self.refill()
+        self._show(spec, quantization)
+        self._picked()
+
+    def show_serving(self) -> None:
+        """Put the pickers back on the model that serves (a switch refused or cancelled), or on the remote
+        model of the chat on screen."""
+        if self.remote_shown is not None:
+            self.model_box.setCurrentIndex(index_of(self.model_box, self.remote_shown))
+        elif self.serving is not None:
+            self._show(*self.serving)
+        else:  # nothing has loaded yet: the model being loaded, as at the start
+            self._show(self.settings["model"], self.settings["quantization"])
+
+    def show_remote(self, choice: RemoteChoice | None) -> None:
+        """The chat on screen runs on ``choice`` (None: on the local engine): show that in the bar."""
+        self.remote_shown = choice
+        self.quant_box.setEnabled(choice is None)
+        if choice is not None:
+            if index_of(self.model_box, choice) < 0:
+                self.refill()
+            server = self.remote.server(choice.server_id) if self.remote else None
+            self.device_label.setText(f"remote · {server.base_url}" if server else "remote · server removed")
+        elif self.bridge.stats() is not None:
+            self._stats(self.bridge.stats())
+        self.show_serving()
+
+    def _show(self, spec: str, quantization: str) -> None:
+        index = self.model_box.findData(spec)
+        if index >= 0:
+            self.model_box.setCurrentIndex(index)
+        self.quant_box.setCurrentText(quantization)
+
+    def _picked(self) -> None:
+        choice = self.model_box.currentData(REMOTE_ROLE)
+        if choice is not None:
+            self.remote_requested.emit(choice)
+            return
+        config = EngineConfig(model=self.model_box.currentData(), quantization=self.quant_box.currentText(),
+                              device=self.settings["device"])
+        self.progress.show()
+        self.switch_requested.emit(config)
+
+    def _progress(self, fraction: float, phrase: str) -> None:
+        self.progress.show()
+        self.progress.setValue(int(fraction * 100))
+        self.progress.setFormat(f"{phrase} %p%")
+
+    def _loaded(self, stats: EngineStats) -> None:
+        self.progress.hide()
+        config = self.bridge.config
+        if config is not None:
+            self.serving = (config.model, config.quantization)
+            self.show_serving()
+            for key, value in (("model", config.model), ("quantization", config.quantization),
+                               ("device", config.device)):
+                self.settings[key] = value
+            self.settings.save()
+        self._stats(stats)
+
+    def _load_failed(self, message: str) -> None:
+        self.progress.hide()
+        if self.bridge.serving:
+            self.show_serving()  # the previous model keeps serving, and the pickers say so
+        elif self.remote_shown is None:
+            self.device_label.setText("no model loaded")
+
+    def _engine_failed(self, reason: str) -> None:
+        self.progress.hide()
+        if self.remote_shown is None:
+            self.device_label.setText("engine stopped")
+
+    def _stats(self, stats: EngineStats) -> None:
+        if self.remote_shown is not None:
+            return  # the label says where the chat on screen runs
+        self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")

@@ -1,0 +1,88 @@
+"""Sampling settings are checked by the engine's own rules wherever they enter: settings.json and the dialogs."""
+
+import json
+import logging
+import math
+import os
+
+import pytest
+
+from app.data.settings import DEFAULTS, Settings, SettingsError, load_presets, sampling_problems
+from app.dialogs.chat_settings import ChatSettingsDialog
+from app.dialogs.preferences import PreferencesDialog
+
+
+def test_sampling_problems_name_the_field_the_engine_refuses():
+    assert sampling_problems(dict(DEFAULTS["sampling"])) == {}
+    problems = sampling_problems({"temperature": -1.0, "top_k": [1], "seed": "x", "max_tokens": 0})
+    assert set(problems) == {"temperature", "top_k", "seed", "max_tokens"}
+    assert all(key in reason for key, reason in problems.items())
+
+
+@pytest.mark.parametrize(("key", "value"), [("temperature", math.nan), ("seed", 1.5), ("top_k", 2.5)])
+def test_values_the_engine_now_refuses_are_problems(key, value):
+    assert key in sampling_problems({key: value})
+
+
+def test_a_bad_sampling_value_in_settings_json_falls_back_to_its_default(tmp_path, caplog):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"theme": "dark", "sampling": {"temperature": "hot", "top_k": [3], "top_p": 0.5}}))
+    with caplog.at_level(logging.WARNING, logger="app.data.settings"):
+        settings = Settings(path)
+    sampling = settings["sampling"]
+    assert sampling["temperature"] == DEFAULTS["sampling"]["temperature"] and sampling["top_k"] == 0
+    assert sampling["top_p"] == 0.5 and settings["theme"] == "dark"
+    assert "temperature='hot'" in caplog.text and "top_k=[3]" in caplog.text
+
+
+def test_wrongly_typed_top_level_values_fall_back_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"theme": 7, "sampling": "hot", "model": ["x"], "preset": "Concise"}))
+    with caplog.at_level(logging.WARNING, logger="app.data.settings"):
+        settings = Settings(path)
+    assert settings["theme"] == "system" and settings["sampling"] == DEFAULTS["sampling"]
+    assert settings["model"] == "default" and settings["preset"] == "Concise"
+    assert "theme=7" in caplog.text
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "\"settings\"", "{\"theme\": ", "\udcff"])
+def test_a_file_that_is_not_an_object_of_settings_is_an_error(tmp_path, text):
+    path = tmp_path / "settings.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(SettingsError):
+        Settings(path)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_settings_are_saved_readable_by_the_user_only(tmp_path):
+    settings = Settings(tmp_path / "config" / "settings.json")
+    settings.save()
+    assert (tmp_path / "config" / "settings.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "config").stat().st_mode & 0o777 == 0o700
+
+
+def test_the_chat_settings_dialog_opens_on_bad_stored_values(qtbot, store):
+    from app.data.personas import Personas
+
+    bad = {**DEFAULTS["sampling"], "temperature": "hot", "top_k": [2], "seed": "lucky"}
+    dialog = ChatSettingsDialog(Personas(store, load_presets()), None, "", bad)
+    qtbot.addWidget(dialog)
+    values = dialog.result_values()["settings"]
+    assert values["temperature"] == DEFAULTS["sampling"]["temperature"] and values["top_k"] == 0
+    assert values["seed"] is None
+
+
+def test_the_dialog_refuses_values_the_engine_refuses(qtbot, monkeypatch):
+    warnings = []
+    monkeypatch.setattr("app.dialogs.sampling_form.QMessageBox.warning",
+                        lambda parent, title, text: warnings.append(text))
+    monkeypatch.setattr("app.dialogs.sampling_form.sampling_problems",
+                        lambda values: {"top_p": "top_p must be in (0, 1]"} if values["top_p"] < 0.5 else {})
+    dialog = PreferencesDialog(load_presets(), {**DEFAULTS}, None)
+    qtbot.addWidget(dialog)
+    dialog.sampling.top_p.setValue(0.2)
+    dialog.accept()
+    assert dialog.result() == 0 and warnings == ["top_p must be in (0, 1]"]
+    dialog.sampling.top_p.setValue(0.9)
+    dialog.accept()
+    assert dialog.result() == 1

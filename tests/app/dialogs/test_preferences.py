@@ -1,0 +1,75 @@
+"""Preferences: each setting is saved and takes effect: the theme at once, the text size at once, the persona
+and the sampling for the next new chat."""
+
+import pytest
+
+from app.data.settings import DEFAULTS, Settings
+from app.dialogs.preferences import PreferencesDialog
+
+
+@pytest.fixture
+def answer(monkeypatch):
+    """Open Preferences through the window, change what ``change(dialog)`` changes, press OK (or Cancel)."""
+    def run(window, change, ok=True):
+        seen = {}
+
+        def exec_(dialog):
+            seen["personas"] = [dialog.preset.itemText(i) for i in range(dialog.preset.count())]
+            change(dialog)
+            return 1 if ok else 0
+
+        monkeypatch.setattr(PreferencesDialog, "exec", exec_)
+        window.edit_preferences()
+        return seen
+    return run
+
+
+def saved(window) -> Settings:
+    return Settings(window.settings.path)
+
+
+def test_the_theme_is_saved_and_applied(window, qapp, answer):
+    answer(window, lambda d: d.theme.setCurrentText("dark"))
+    assert saved(window)["theme"] == "dark"
+    assert qapp.palette().window().color().lightness() < 80 and window.chat.renderer.dark
+    answer(window, lambda d: d.theme.setCurrentText("light"))
+    assert saved(window)["theme"] == "light" and qapp.palette().window().color().lightness() > 180
+
+
+def test_the_text_size_is_saved_and_applied(window, answer):
+    base = window.chat._base_point_size
+    answer(window, lambda d: d.text_scale.setValue(150))
+    assert saved(window)["text_scale"] == 150
+    assert window.chat.page.font().pointSizeF() == pytest.approx(base * 1.5)
+
+
+def test_the_persona_for_new_chats_lists_the_users_own_and_is_used(window, answer):
+    window.personas.save("Pirate", "Arr.")
+    seen = answer(window, lambda d: d.preset.setCurrentText("Pirate"))
+    assert seen["personas"][-1] == "Pirate" and "Concise" in seen["personas"]
+    assert saved(window)["preset"] == "Pirate"
+    chat = window.actions.new()
+    assert (chat.preset, chat.system_prompt) == ("Pirate", "Arr.")
+
+
+def test_sampling_defaults_are_saved_and_given_to_new_chats(window, answer):
+    def change(dialog):
+        dialog.sampling.temperature.setValue(0.2)
+        dialog.sampling.top_k.setValue(40)
+        dialog.sampling.max_tokens.setValue(1000)
+        dialog.sampling.fixed_seed.setChecked(True)
+        dialog.sampling.seed.setValue(7)
+
+    answer(window, change)
+    expected = {**DEFAULTS["sampling"], "temperature": 0.2, "top_k": 40, "max_tokens": 1000, "seed": 7}
+    assert saved(window)["sampling"] == expected
+    chat = window.actions.new()
+    params = window.controller.sampling_for(chat.id)
+    assert (params.temperature, params.top_k, params.max_tokens, params.seed) == (0.2, 40, 1000, 7)
+
+
+def test_cancel_changes_nothing(window, qapp, answer):
+    before = dict(window.settings.values)
+    answer(window, lambda d: (d.theme.setCurrentText("dark"), d.text_scale.setValue(200)), ok=False)
+    assert window.settings.values == before and not window.chat.renderer.dark
+    assert not window.settings.path.exists() or saved(window)["text_scale"] == before["text_scale"]

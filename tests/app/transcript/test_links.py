@@ -1,0 +1,81 @@
+"""Links in a model's reply can't reach anything but http(s)/mailto; the app's own actions are buttons."""
+
+import pytest
+
+from app.data.store import Message
+from app.transcript.view import ChatView, CodeBlock, MessageAction, _Text
+
+HOSTILE = {
+    "markdown edit": "[here](edit:3)",
+    "file": "[here](file:///etc/passwd)",
+    "raw html": '<a href="edit:1">here</a>',
+    "javascript": "[here](javascript:alert(1))",
+    "autolink": "<edit:3>",
+    "custom handler": "[here](ms-settings:privacy)",
+    "relative": "[here](regenerate)",
+}
+
+
+@pytest.fixture
+def view(qtbot):
+    v = ChatView()
+    qtbot.addWidget(v)
+    v.resize(700, 500)
+    v.show()
+    return v
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    urls = []
+    monkeypatch.setattr("app.transcript.view.QDesktopServices.openUrl", lambda url: urls.append(url.toString()))
+    return urls
+
+
+def reply(text: str) -> list[Message]:
+    return [Message(1, 1, None, "user", "hi", 0.0), Message(2, 1, 1, "assistant", text, 1.0)]
+
+
+def texts(view: ChatView, message_id: int) -> list[_Text]:
+    return view.message_widget(message_id).findChildren(_Text)
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_links_written_by_the_model_are_text_only(view, opened, text):
+    view.show_thread(reply(f"Click {text} please"))
+    (label,) = texts(view, 2)
+    assert "<a " not in label.text() and "here" in view.toPlainText() or "edit:3" in view.toPlainText()
+    for href in ("edit:1", "file:///etc/passwd", "javascript:alert(1)", "ms-settings:privacy"):
+        label.linkActivated.emit(href)  # even if one reached the label, it would open nothing
+    assert opened == []
+
+
+def test_a_clicked_https_link_is_opened(view, opened):
+    view.show_thread(reply("See [the docs](https://example.com/docs) for more."))
+    (label,) = texts(view, 2)
+    assert 'href="https://example.com/docs"' in label.text() and opened == []
+    label.linkActivated.emit("https://example.com/docs")
+    assert opened == ["https://example.com/docs"]
+
+
+def test_the_users_own_text_is_never_markup(view):
+    view.show_thread([Message(1, 1, None, "user", "<b>bold?</b> [x](https://a.b)", 0.0)])
+    (label,) = texts(view, 1)
+    assert label.text() == "<b>bold?</b> [x](https://a.b)" and label.textFormat().name == "PlainText"
+
+
+def test_the_views_own_actions_are_buttons(qtbot, view, opened):
+    from PySide6.QtCore import Qt
+
+    view.show_thread(reply("Here:\n\n```python\nprint(1)\n```\n\nDone."))
+    actions, copied = [], []
+    view.action.connect(lambda kind, mid: actions.append((kind, mid)))
+    view.copied.connect(copied.append)
+    (block,) = view.message_widget(2).findChildren(CodeBlock)
+    assert block.language.text() == "python"
+    qtbot.mouseClick(view.message_widget(1).button("Edit"), Qt.LeftButton)
+    qtbot.mouseClick(block.copy_button, Qt.LeftButton)
+    qtbot.mouseClick(view.message_widget(2).button("Regenerate"), Qt.LeftButton)
+    qtbot.mouseClick(view.message_widget(2).button("Copy"), Qt.LeftButton)
+    assert actions == [(MessageAction.EDIT, 1), (MessageAction.REGENERATE, 2)]
+    assert copied == ["print(1)\n", "Here:\n\n```python\nprint(1)\n```\n\nDone."] and opened == []
