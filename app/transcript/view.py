@@ -134,6 +134,7 @@ class CodeBlock(QFrame):
         self.setObjectName("codeBlock")
         self.dark: bool | None = None
         self.language = QLabel(segment.language or "code")
+        self.language.setTextFormat(Qt.PlainText)  # the model wrote it: never markup (an <img> would load a file)
         self.language.setStyleSheet(f"color: {MUTED};")
         self.copy_button = QToolButton(text="Copy")
         self.copy_button.setAutoRaise(True)
@@ -187,6 +188,7 @@ class MessageWidget(QFrame):
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         self.footer = QLabel()
+        self.footer.setTextFormat(Qt.PlainText)  # an error's text may come from a server or the model
         self.footer.setWordWrap(True)
         self.footer.setObjectName("replyFooter")
         self.footer.setStyleSheet(f"color: {MUTED};")

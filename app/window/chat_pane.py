@@ -10,6 +10,8 @@ import asyncio
 
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
+from ..rich_text import plain_tooltip
+
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
@@ -110,7 +112,7 @@ class ChatPane(QWidget):
         conv = self.session.conversations.get(self.current)
         persona = conv.preset or ("Custom persona" if conv.system_prompt else "No system prompt")
         self.persona_button.setText(f"Persona: {persona}")
-        self.persona_button.setToolTip(conv.system_prompt or "No system prompt")
+        self.persona_button.setToolTip(plain_tooltip(conv.system_prompt or "No system prompt"))
 
     def _opened(self, conversation_id: int) -> None:
         self.show_persona()

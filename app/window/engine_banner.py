@@ -25,7 +25,8 @@ class EngineBanner(QFrame):
         self.setObjectName("engineBanner")
         self.setStyleSheet(STYLE)
         self.title = QLabel(objectName="engineBannerTitle", wordWrap=True)
-        self.reason = QLabel(wordWrap=True, textInteractionFlags=Qt.TextSelectableByMouse)
+        self.reason = QLabel(wordWrap=True, textInteractionFlags=Qt.TextSelectableByMouse,
+                             textFormat=Qt.PlainText)  # an exception's text, never markup
         self.restart = QPushButton("Restart engine")
         self.choose = QPushButton("Choose another model…")
         self.restart.clicked.connect(self.restart_requested)

@@ -79,3 +79,28 @@ def test_the_views_own_actions_are_buttons(qtbot, view, opened):
     qtbot.mouseClick(view.message_widget(2).button("Copy"), Qt.LeftButton)
     assert actions == [(MessageAction.EDIT, 1), (MessageAction.REGENERATE, 2)]
     assert copied == ["print(1)\n", "Here:\n\n```python\nprint(1)\n```\n\nDone."] and opened == []
+
+
+IMAGE = '<img/src="file:///etc/kvasir-test.png">'  # markup that would make Qt load a local file
+
+
+def test_a_code_blocks_language_and_an_error_are_shown_as_written_never_as_markup(view):
+    from app.data.store import Status
+
+    failed = Message(2, 1, 1, "assistant", f"```{IMAGE}\nx = 1\n```", 1.0, status=Status.ERROR, error=IMAGE)
+    view.show_thread([Message(1, 1, None, "user", "hi", 0.0), failed])
+    (block,) = view.message_widget(2).findChildren(CodeBlock)
+    footer = view.message_widget(2).footer
+    assert block.language.text() == IMAGE and block.language.textFormat().name == "PlainText"
+    assert footer.text() == f"Failed: {IMAGE}" and footer.textFormat().name == "PlainText"
+
+
+def test_a_persona_tooltip_shows_an_imported_system_prompt_literally(window):
+    window.conversations.configure(window.current, None, f"Be {IMAGE} brief.", {})
+    tip = window.pane.persona_button.toolTip()
+    assert "<img" not in tip and "&lt;img/src=&quot;file:///etc/kvasir-test.png&quot;&gt;" in tip
+
+
+def test_the_engine_banner_shows_a_reason_literally(window):
+    window.banner.show_engine_stopped(f"CUDA error {IMAGE}")
+    assert window.banner.reason.textFormat().name == "PlainText" and IMAGE in window.banner.reason.text()
