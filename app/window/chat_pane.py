@@ -10,13 +10,12 @@ import asyncio
 
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from ..rich_text import plain_tooltip
-
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
 from ..data.store import Message
 from ..dialogs.chat_settings import ChatSettingsDialog
+from ..rich_text import plain_tooltip
 from ..transcript.model import Transcript
 from ..transcript.view import ChatView, MessageAction, finished_announcement
 from .composer import Composer
