@@ -81,6 +81,9 @@ class GGUFInfo:
         return self.data_end > self.file_size
 
 
+MAX_ARRAY_DEPTH = 32
+
+
 class _Reader:
     def __init__(self, buffer) -> None:
         self.buf, self.pos = buffer, 0
@@ -117,7 +120,7 @@ class _Reader:
         length = self.count("bytes of text", 1)  # read before moving: ``pos += count()`` would use the old pos
         self.pos += length
 
-    def value(self, kind: int, keep: bool):
+    def value(self, kind: int, keep: bool, depth: int = 0):
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
         if kind == _STRING:
@@ -126,11 +129,15 @@ class _Reader:
             self.skip_string()
             return None
         if kind == _ARRAY:
-            return self.skip_array()
+            return self.skip_array(depth + 1)
         raise ModelLoadError(f"unknown GGUF value type {kind}: the file is damaged")
 
-    def skip_array(self) -> int:
-        """Skip an array's items; its length is returned (a vocabulary's size, say)."""
+    def skip_array(self, depth: int = 1) -> int:
+        """Skip an array's items; its length is returned (a vocabulary's size, say). Arrays of arrays nest at most
+        :data:`MAX_ARRAY_DEPTH` deep (real files hold flat arrays; a deeper one would exhaust the stack)."""
+        if depth > MAX_ARRAY_DEPTH:
+            raise ModelLoadError(f"the GGUF header nests arrays more than {MAX_ARRAY_DEPTH} deep: the file is "
+                                 "damaged or hostile")
         item_kind = self.unpack("I")
         if item_kind in _SCALARS:
             size = struct.calcsize("<" + _SCALARS[item_kind])
@@ -141,7 +148,7 @@ class _Reader:
             raise ModelLoadError(f"unknown GGUF value type {item_kind}: the file is damaged")
         count = self.count("array items", 8 if item_kind == _STRING else 12)
         for _ in range(count):
-            self.value(item_kind, keep=False)
+            self.value(item_kind, keep=False, depth=depth)
         return count
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.tiny_gguf import write_raw_gguf, write_tiny_llama_gguf
+from tests.helpers.tiny_gguf import nested_array_value, write_raw_gguf, write_tiny_llama_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 PEAK_LIMIT_KIB = 1024 * 1024  # 1 GiB
@@ -247,6 +247,8 @@ def _gguf_cases(c: Cases, tiny_gguf: Path) -> None:
                                                                  r"expected \[8, 100000000\]"),
         ("q.gguf", {}, _llama_gguf_tensors(q=(8, 6)), {}, r"q.gguf: .*blk.0.attn_q.weight is \[8, 6\], expected"),
         ("overlap.gguf", {}, overlapping, {}, "overlap.gguf: the data of tensors .* overlap"),
+        ("nested.gguf", {"general.nested": nested_array_value(10_000)}, tensors, {},
+         "nested.gguf: the GGUF header nests arrays more than 32 deep"),
     ]
     for name, metadata, table, counts, expected in raw:
         write_raw_gguf(c.root / name, {**LLAMA_METADATA, **metadata}, table, data_bytes=8192, **counts)

@@ -148,14 +148,18 @@ def write_raw_gguf(path: Path, metadata: dict[str, int | str], tensors: list[tup
                    *, n_tensors: int | None = None, n_kv: int | None = None, data_bytes: int = 0) -> Path:
     """A GGUF file written byte by byte, so its header can say anything (a damaged or hostile file).
 
-    ``metadata``: str values are written as strings, int values as uint32. ``tensors``: (name, dims innermost
+    ``metadata``: str values are written as strings, int values as uint32, bytes as they are (a value's type and
+    payload, :func:`nested_array_value`). ``tensors``: (name, dims innermost
     first, ggml type id, offset into the data). ``n_tensors`` / ``n_kv`` override the counts in the header.
     """
     out = bytearray(b"GGUF" + struct.pack("<I", 3))
     out += struct.pack("<QQ", len(tensors) if n_tensors is None else n_tensors, len(metadata) if n_kv is None else n_kv)
     for key, value in metadata.items():
         out += _raw_string(key)
-        out += struct.pack("<I", 8) + _raw_string(value) if isinstance(value, str) else struct.pack("<II", 4, value)
+        if isinstance(value, bytes):
+            out += value
+        else:
+            out += struct.pack("<I", 8) + _raw_string(value) if isinstance(value, str) else struct.pack("<II", 4, value)
     for name, dims, kind, offset in tensors:
         out += _raw_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
         out += struct.pack("<IQ", kind, offset)
@@ -167,3 +171,9 @@ def write_raw_gguf(path: Path, metadata: dict[str, int | str], tensors: list[tup
 def _raw_string(text: str) -> bytes:
     raw = text.encode()
     return struct.pack("<Q", len(raw)) + raw
+
+
+def nested_array_value(depth: int) -> bytes:
+    """A metadata value that is an array holding an array ... ``depth`` deep, the innermost empty (uint32)."""
+    array, uint32 = 9, 4
+    return struct.pack("<I", array) + struct.pack("<IQ", array, 1) * (depth - 1) + struct.pack("<IQ", uint32, 0)
