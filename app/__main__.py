@@ -118,10 +118,17 @@ def open_for_this_run(self_test: bool):
 
     from .data.settings import config_dir
     from .startup.checks import ask_to_move_aside, open_user_files, refuse_in_self_test
-    from .startup.single_instance import acquire_instance_lock, already_running_message
+    from .startup.single_instance import DataFolderError, acquire_instance_lock, already_running_message
 
     folder = Path(data_dir())
-    lock = acquire_instance_lock(folder)
+    try:
+        lock = acquire_instance_lock(folder)
+    except DataFolderError as exc:
+        if self_test:
+            print(f"kvasir: {exc}", file=sys.stderr)
+        else:
+            QMessageBox.warning(None, "Kvasir can't use its data folder", str(exc))
+        return None, None
     if lock is None:
         if self_test:
             print(f"kvasir: {already_running_message(folder)}", file=sys.stderr)

@@ -201,8 +201,9 @@ class RemoteServerStore:
                 self._servers[server.id] = server
                 if server.key_in == "file" and isinstance(entry.get("api_key"), str):
                     self._file_keys[server.id] = entry["api_key"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RemoteStoreError(f"{self.path} can't be read as a list of servers ({exc})") from None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise RemoteStoreError(f"{self.path} can't be read as a list of servers ({type(exc).__name__}: "
+                                   f"{exc})") from None
 
     def _write(self) -> None:
         entries = []

@@ -159,6 +159,8 @@ def _read_object(path: Path) -> dict:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise SettingsError(f"it is not readable JSON ({exc})") from None
+    except RecursionError:
+        raise SettingsError("it nests its values too deep to be settings") from None
     if not isinstance(saved, dict):
         raise SettingsError(f"it holds a JSON {type(saved).__name__}, not an object of settings")
     return saved

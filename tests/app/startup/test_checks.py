@@ -124,6 +124,7 @@ def answer_dialog(button_text, seen):
             QTimer.singleShot(10, click)
             return
         seen.append(box.text())
+        seen.append(box.defaultButton().text() if box.defaultButton() else None)
         next(b for b in box.buttons() if b.text() == button_text).click()
     QTimer.singleShot(0, click)
 
@@ -149,6 +150,7 @@ def test_quit_in_the_dialog_leaves_the_file_alone(qtbot, tmp_path):
     answer_dialog("Quit", seen)
     assert open_or_recover(lambda: open_store(path), ask_to_move_aside) is None
     assert "not a database" in seen[0] and path.read_bytes() == b"garbage" * 100
+    assert seen[1] == "Quit"  # Enter never moves the user's file
     assert list(tmp_path.glob("*.damaged-*")) == []
 
 
@@ -159,3 +161,78 @@ def test_self_test_mode_prints_the_reason_and_exits_1(qapp, tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert str(tmp_path / "kvasir.db") in err and "not a database" in err
     assert (tmp_path / "kvasir.db").read_bytes() == b"garbage" * 100
+
+
+def real_sqlite_error(kind: str) -> sqlite3.OperationalError:
+    """The error SQLite itself raises for a full disk ("full") or a read-only database ("read-only")."""
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp())
+    sqlite3.connect(folder / "x.db").execute("CREATE TABLE t (x)").connection.close()
+    if kind == "full":
+        db = sqlite3.connect(folder / "x.db")
+        db.execute("PRAGMA max_page_count = 2")
+        statement = "INSERT INTO t VALUES (randomblob(100000))"
+    else:
+        db = sqlite3.connect(f"file:{folder / 'x.db'}?mode=ro", uri=True)
+        statement = "INSERT INTO t VALUES (1)"
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        db.execute(statement)
+    db.close()
+    return caught.value
+
+
+@pytest.mark.parametrize("kind, words", [("full", "the disk holding it is full"),
+                                         ("read-only", "may not write in its folder")])
+def test_a_full_disk_or_a_read_only_folder_is_not_called_damage_and_the_file_stays(tmp_path, monkeypatch, kind,
+                                                                                     words):
+    path = tmp_path / "kvasir.db"
+    Store(path).close()
+    sound = path.read_bytes()
+    error = real_sqlite_error(kind)
+
+    def failing_store(_path):
+        raise error
+
+    monkeypatch.setattr("app.startup.checks.Store", failing_store)
+    result = open_store(path)
+    assert isinstance(result, DamagedFile) and not result.damaged and words in result.reason
+    asked = []
+    assert open_or_recover(lambda: open_store(path), lambda d: asked.append(d) or True) is None
+    assert len(asked) == 1 and path.read_bytes() == sound and list(tmp_path.glob("*.damaged-*")) == []
+
+
+@pytest.mark.real_dialogs
+def test_the_full_disk_dialog_offers_only_quit(qtbot, tmp_path):
+    seen = []
+    answer_dialog("Quit", seen)
+    assert ask_to_move_aside(DamagedFile(tmp_path / "kvasir.db", "the disk holding it is full", damaged=False)) is False
+    assert "the disk holding it is full" in seen[0].lower()
+
+
+def test_a_folder_or_a_looping_link_where_the_database_goes_is_reported_not_raised(tmp_path):
+    folder = tmp_path / "kvasir.db"
+    folder.mkdir()
+    result = open_store(folder)
+    assert isinstance(result, DamagedFile) and result.damaged and "a folder, not a file" in result.reason
+    loop = tmp_path / "loop.db"
+    loop.symlink_to(tmp_path / "loop.db")
+    result = open_store(loop)
+    assert isinstance(result, DamagedFile) and result.damaged and "loops" in result.reason
+
+
+def test_settings_nested_too_deep_are_reported_not_raised(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    result = open_settings(path)
+    assert isinstance(result, DamagedFile) and "too deep" in result.reason
+
+
+def test_a_remote_servers_file_nested_too_deep_is_refused_in_words(tmp_path):
+    from app.data.remote_store import RemoteServerStore
+
+    path = tmp_path / "remote_servers.json"
+    path.write_text('{"servers": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    store = RemoteServerStore(path)
+    assert store.servers() == [] and "RecursionError" in store.load_error

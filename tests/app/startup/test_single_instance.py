@@ -2,9 +2,12 @@
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from app.__main__ import main
-from app.startup.single_instance import LOCK_NAME, acquire_instance_lock
+from app.startup.single_instance import LOCK_NAME, DataFolderError, acquire_instance_lock
 
 HOLD_LOCK = """
 import sys, time
@@ -52,3 +55,25 @@ def test_starting_again_says_kvasir_is_already_running(qapp, tmp_path, monkeypat
     finally:
         lock.unlock()
     assert not (tmp_path / "kvasir.db").exists()  # the second start never touched the database
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs a read-only folder: Linux's /proc")
+def test_a_read_only_data_folder_is_named_not_taken_for_a_running_kvasir(qapp, monkeypatch, capsys):
+    read_only = Path("/proc/self")  # read-only even for root, where chmod would not stop a write
+    monkeypatch.setenv("KVASIR_DATA_DIR", str(read_only))  # main() sets it; put back after the test
+    with pytest.raises(DataFolderError, match="can't write in its data folder /proc/self"):
+        acquire_instance_lock(read_only)
+    shown = []
+    monkeypatch.setattr("PySide6.QtWidgets.QMessageBox.warning", lambda parent, title, text: shown.append(title))
+    monkeypatch.setattr("PySide6.QtWidgets.QMessageBox.information", lambda parent, title, text: shown.append(title))
+    assert main(["--data-dir", str(read_only)]) == 1
+    assert shown == ["Kvasir can't use its data folder"]
+    assert main(["--self-test", "--data-dir", str(read_only)]) == 1
+    err = capsys.readouterr().err
+    assert "can't write in its data folder" in err and "already running" not in err
+
+
+def test_a_data_folder_that_cannot_be_made_says_why(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(DataFolderError, match="can't make its data folder .*Not a directory"):
+        acquire_instance_lock(tmp_path / "a-file" / "data")
