@@ -85,7 +85,7 @@ def test_the_window_renders_at_the_screens_scale_factor(tmp_path):
     """In a process of its own: the scale factor is fixed when the application starts. At 150 % the Round
     policy would draw at 2x (too large); PassThrough keeps 1.5."""
     factor = "1.5"
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "QT_SCREEN_SCALE_FACTORS": factor,
            "KVASIR_DATA_DIR": str(tmp_path), "KVASIR_CONFIG_DIR": str(tmp_path), "PYTHONPATH": str(root)}
     env.pop("QT_SCALE_FACTOR_ROUNDING_POLICY", None)
