@@ -10,7 +10,7 @@ from PySide6.QtCore import QObject, Signal
 from engine import SamplingParams
 
 from ..data.settings import DEFAULTS
-from ..data.store import Message, Status
+from ..data.store import Message, Status, StoreWriteError
 from .conversations import Conversations
 from .reply_sources import ReplySources
 
@@ -26,6 +26,7 @@ class ChatController(QObject):
     reply_delta = Signal(int, int, str)  # conversation id, reply message id, the text so far
     first_token = Signal(int, float)  # conversation id, time to first token (s), the moment it arrives
     reply_finished = Signal(int, object)  # conversation id, the stored Message
+    reply_failed = Signal(int, str)  # conversation id, why no reply could be started (nothing was stored)
 
     def __init__(self, conversations: Conversations, sources: ReplySources, parent=None) -> None:
         super().__init__(parent)
@@ -118,13 +119,19 @@ class ChatController(QObject):
             return None
         return self._start(conversation_id, reply.parent_id, continuing=reply)
 
-    async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> Message:
+    async def _generate(self, conversation_id: int, parent_id: int,
+                        continuing: Message | None = None) -> Message | None:
         messages = self.messages_for_model(conversation_id)  # a continued reply is its last message
         source = self.sources.of(conversation_id)
         if continuing is None:
             model, quantization = source.model_names()
-            reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
-                                                   status=Status.PARTIAL, model=model, quantization=quantization)
+            try:
+                reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
+                                                       status=Status.PARTIAL, model=model,
+                                                       quantization=quantization)
+            except StoreWriteError as exc:  # no reply can be kept: none is started, and the user is told
+                self.reply_failed.emit(conversation_id, f"No reply was started: {exc}.")
+                return None
         else:
             reply = continuing
         before = reply.text
@@ -145,6 +152,8 @@ class ChatController(QObject):
             status, error = STATUS_OF[last.finish_reason], last.error
         except asyncio.CancelledError:
             status = Status.STOPPED
+        except StoreWriteError as exc:  # a save on the way failed: the request is stopped, the text stays on screen
+            status, error = Status.ERROR, f"the reply could not be saved: {exc}"
         except Exception as exc:  # the engine refused the request: say why, keep what arrived
             status, error = Status.ERROR, str(exc)
         finally:

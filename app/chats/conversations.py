@@ -14,9 +14,11 @@ saves (:meth:`Conversations.save_partial`) say nothing: the view already shows t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtCore import QObject, Signal
 
-from ..data.store import Conversation, Message, Store
+from ..data.store import Conversation, Message, Status, Store, StoreWriteError
 
 
 class Conversations(QObject):
@@ -150,8 +152,13 @@ class Conversations(QObject):
 
     def finish_message(self, message_id: int, **fields) -> Message:
         """Store a reply's final text, status and statistics (the cached thread is updated in place: nothing
-        else changed)."""
-        message = self.store.update_message(message_id, **fields)
+        else changed). When the write fails (a full disk), the reply still ends: on screen, with its text and
+        the reason it was not kept, and the message returned says so."""
+        try:
+            message = self.store.update_message(message_id, **fields)
+        except StoreWriteError as exc:
+            message = replace(self.store.message(message_id), **{
+                **fields, "status": Status.ERROR, "error": f"the reply could not be saved: {exc}"})
         cached = self._threads.get(message.conversation_id)
         if cached is not None:
             self._threads[message.conversation_id] = [message if m.id == message_id else m for m in cached]

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from PySide6.QtCore import QObject, Signal
 
+from ..data.store import StoreWriteError
 from .conversation_actions import Overflow
 from .session import ChatSession
 
@@ -36,17 +37,22 @@ class ReplyFlow(QObject):
         super().__init__(parent)
         self.session, self.dialogs = session, dialogs
         self.actions, self.controller = session.actions, session.controller
+        self.controller.reply_failed.connect(lambda _conversation, reason: self.notice.emit(reason, 15000))
 
     def send(self, text: str, editing_id: int | None = None) -> asyncio.Task | None:
         """Send ``text`` (as a new version of message ``editing_id`` when editing); None when it was not sent,
         and the caller keeps the text."""
         if not self._ready():
             return None
-        if editing_id is not None:
-            return self.controller.edit(self.actions.current, editing_id, text)
-        if not self._make_room(text):
+        try:
+            if editing_id is not None:
+                return self.controller.edit(self.actions.current, editing_id, text)
+            if not self._make_room(text):
+                return None
+            return self.controller.send(self.actions.current, text)  # the chat on screen: "new" may have changed it
+        except StoreWriteError as exc:  # nothing was stored: the text stays in the box
+            self.notice.emit(f"Your message was not saved: {exc}. It is still in the box.", 15000)
             return None
-        return self.controller.send(self.actions.current, text)  # the chat on screen: "new" may have changed it
 
     def stop(self) -> bool:
         """Stop the reply being written in the chat on screen; False when none is."""

@@ -104,6 +104,11 @@ class StoreError(Exception):
     """The database can't be used (for example, it was written by a newer Kvasir)."""
 
 
+class StoreWriteError(StoreError):
+    """A write did not reach the database (the disk is full, the file became read-only, an I/O error): nothing
+    of it was stored, and what was there before is intact."""
+
+
 class Store:
     """All reads and writes of the chat database."""
 
@@ -295,7 +300,8 @@ class Store:
             raise ValueError(f"unknown fields: {sorted(fields.keys() - allowed)}")
         values = [json.dumps(v) if isinstance(v, dict) else v for v in fields.values()]
         assignments = ", ".join(f"{key} = ?" for key in fields)
-        self._db.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values, row_id))
+        with self.transaction():
+            self._db.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values, row_id))
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -307,16 +313,23 @@ class Store:
             finally:
                 self._depth -= 1
             return
-        self._db.execute("BEGIN IMMEDIATE")  # take the write lock now, so a commit can't fail half-way
+        try:
+            self._db.execute("BEGIN IMMEDIATE")  # take the write lock now, so a commit can't fail half-way
+        except sqlite3.OperationalError as exc:
+            _raise_as_write_failure(exc)
+            raise
         self._depth = 1
         try:
             yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                _raise_as_write_failure(exc)
             raise
         finally:
             self._depth = 0
-        self._db.execute("COMMIT")
 
     def _migrate(self) -> None:
         current = self.schema_version
@@ -341,6 +354,18 @@ def split_statements(script: str) -> list[str]:
     if pending.strip(" \t\r\n;"):
         raise StoreError(f"incomplete SQL statement in a migration: {pending.strip()[:80]!r}")
     return statements
+
+
+def _raise_as_write_failure(exc: sqlite3.OperationalError) -> None:
+    """Raise a :class:`StoreWriteError` in the user's words when ``exc`` says the write could not reach the
+    disk (full, read-only, an I/O error); return otherwise (a fault in Kvasir's own SQL stays what it is)."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name == "SQLITE_FULL":
+        raise StoreWriteError("the disk is full") from exc
+    if name.startswith(("SQLITE_READONLY", "SQLITE_PERM")):
+        raise StoreWriteError("the chat database has become read-only") from exc
+    if name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
+        raise StoreWriteError(f"the chat database could not be written ({exc})") from exc
 
 
 def _make_private(path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from engine import LibraryError, ModelLibrary
 
 from ..data.settings import Settings, SettingsError
-from ..data.store import Store, StoreError
+from ..data.store import Store, StoreError, StoreWriteError
 
 DELETED_KEPT_S = 24 * 3600  # deleted chats can be restored for a day; after that they are purged at start
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
@@ -52,7 +52,7 @@ def open_store(path: Path) -> Store | DamagedFile:
         return DamagedFile(path, f"the chat database is damaged: {problem}")
     try:
         store.purge_deleted(older_than_s=DELETED_KEPT_S)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, StoreError) as exc:
         store.close()
         return cannot_write(path, exc) or DamagedFile(path, _database_reason(exc))
     return store
@@ -61,6 +61,8 @@ def open_store(path: Path) -> Store | DamagedFile:
 def cannot_write(path: Path, exc: BaseException) -> DamagedFile | None:
     """A :class:`DamagedFile` that is not damaged when ``exc`` says the disk is full or the folder is
     read-only (saying which); None when it says something else."""
+    if isinstance(exc, StoreWriteError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # the store's words for SQLite's error: classify SQLite's
     name, number = getattr(exc, "sqlite_errorname", None), getattr(exc, "errno", None)
     if name in FULL[0] or number in FULL[1]:
         return DamagedFile(path, f"the disk holding it is full ({exc}); free some space and start Kvasir again",

@@ -1,12 +1,15 @@
 """The app's non-visual layer with no window at all: a reply streams through the session, and each chat's
 replies come from the one source :class:`ReplySources` picks for it."""
 
+import asyncio
+
 import pytest
 
 from app.chats.reply_sources import LocalSource, RemoteSource
 from app.data.remote_store import RemoteChoice, choice_of
 from tests.helpers.fake_engine import WORDS, fake_stats
 from tests.helpers.openai_stub import StubServer
+from tests.helpers.signal_waits import run_until
 
 
 def _reply(qloop, session, conversation_id: int, text: str):
@@ -128,3 +131,58 @@ def test_every_default_sampling_is_the_engines_chat_sampling(session):
             session.settings["sampling"]["top_p"]) == wanted
     args = build_parser().parse_args(["generate", "hello"])
     assert (args.max_tokens, args.temperature, args.top_p) == wanted
+
+
+def fill_the_disk(store) -> None:
+    """From now on nothing more fits: SQLite's own "database or disk is full" on the next write. The database
+    may not grow (its max_page_count set to the pages it has), and a scratch chat's messages fill what room
+    its pages had left, in ever smaller rows."""
+    import sqlite3
+
+    scratch = store.create_conversation("scratch").id
+    store._db.execute(f"PRAGMA max_page_count = {store._db.execute('PRAGMA page_count').fetchone()[0]}")
+    for size in (4000, 400, 40, 4, 1):
+        while True:
+            try:
+                store.add_message(scratch, "user", "x" * size)
+            except sqlite3.OperationalError:
+                break
+            except Exception as exc:  # the store's own error for the same failure
+                assert "disk is full" in str(exc)
+                break
+
+
+def test_a_message_that_cant_be_saved_stays_in_the_box_and_says_why(qtbot, window, store):
+    from PySide6.QtCore import Qt
+
+    fill_the_disk(store)
+    typed = "Please keep this message, whatever happens to the disk."
+    window.composer.edit.setPlainText(typed)
+    qtbot.keyClick(window.composer.edit, Qt.Key_Return)
+    assert window.composer.edit.toPlainText() == typed  # nothing the user wrote is lost
+    assert "Your message was not saved: the disk is full" in window.statusBar().currentMessage()
+    assert store.thread(window.current) == [] and not window.controller.is_generating(window.current)
+
+
+def test_a_reply_that_cant_be_saved_ends_with_the_reason_and_keeps_its_text_on_screen(qtbot, window, qloop, store):
+    window.bridge.words = ["word" * 2_000] * 40  # a long reply: its saves need room
+    window.bridge.gate = asyncio.Event()  # the reply waits until the disk is full
+    task = window.send("Write a lot.")
+    run_until(qloop, window.controller.reply_started, lambda conversation, reply: True)
+    fill_the_disk(store)
+    window.bridge.gate.set()
+    message = qloop.run_until_complete(task)
+    assert message.status == "error" and "could not be saved: the disk is full" in message.error
+    assert message.text.startswith("word" * 2_000) and not window.controller.is_generating(window.current)
+    footer = window.chat.message_widget(message.id).footer.text()
+    assert "Failed: the reply could not be saved: the disk is full" in footer and "Writing" not in footer
+
+
+def test_a_reply_that_cant_even_start_says_why(qtbot, window, qloop, store):
+    qloop.run_until_complete(window.send("first"))
+    fill_the_disk(store)
+    with qtbot.wait_signal(window.controller.reply_failed, timeout=10_000) as failed:
+        assert qloop.run_until_complete(window.flow.regenerate()) is None
+    assert failed.args[1] == "No reply was started: the disk is full."
+    assert window.statusBar().currentMessage() == "No reply was started: the disk is full."
+    assert not window.controller.is_generating(window.current)

@@ -236,3 +236,20 @@ def test_a_remote_servers_file_nested_too_deep_is_refused_in_words(tmp_path):
     path.write_text('{"servers": ' + "[" * 100_000 + "]" * 100_000 + "}")
     store = RemoteServerStore(path)
     assert store.servers() == [] and "RecursionError" in store.load_error
+
+
+def test_the_stores_own_full_disk_error_is_not_called_damage(tmp_path, monkeypatch):
+    from app.data.store import StoreWriteError
+
+    path = tmp_path / "kvasir.db"
+    Store(path).close()
+
+    def failing_store(_path):
+        try:
+            raise real_sqlite_error("full")
+        except sqlite3.OperationalError as exc:
+            raise StoreWriteError("the disk is full") from exc
+
+    monkeypatch.setattr("app.startup.checks.Store", failing_store)
+    result = open_store(path)
+    assert isinstance(result, DamagedFile) and not result.damaged and "full" in result.reason
