@@ -29,7 +29,7 @@ from ..serving.outputs import RequestOutput
 from .errors import RemoteError, error_message, status_reason, transport_reason
 from .metrics import ServerMetrics, read_server_metrics
 from .server_url import RemoteConfig
-from .sse import DONE, SSEDecoder
+from .sse import DONE, LineSplitter, SSEDecoder
 
 METRICS_TIMEOUT_S = 5.0  # a scrape that takes longer is not worth waiting for: the panel asks again
 RETRY_BACKOFF_S = 0.25  # doubled after each failed connection attempt
@@ -278,8 +278,12 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
     queue: asyncio.Queue = asyncio.Queue(maxsize=256)
 
     async def read() -> None:
+        splitter = LineSplitter()  # httpx's own line reader holds a line of any length
         try:
-            async for line in response.aiter_lines():
+            async for text in response.aiter_text():
+                for line in splitter.feed(text):
+                    await queue.put(line)
+            for line in splitter.flush():
                 await queue.put(line)
         except Exception as exc:  # handed to the reader below, which must never wait for a line that won't come
             await queue.put(exc)

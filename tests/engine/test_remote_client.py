@@ -258,3 +258,37 @@ def test_a_server_that_never_accepts_times_out_connecting_and_says_so():
                 filler.close()
     assert len(outs) == 1 and outs[0].finish_reason == "error" and outs[0].text == ""
     assert "no answer within the connect timeout" in outs[0].error
+
+
+def test_a_line_that_never_ends_stops_the_reply_with_the_reason_not_the_memory(stub):
+    stub.behaviour, stub.pieces = "endless_line", 2
+    final = collect(RemoteConfig(stub.url))[-1]
+    assert final.finish_reason == "error" and final.text == "Paris is"
+    assert "a line of more than 4 MiB without ending it" in final.error
+
+
+@pytest.mark.parametrize("chunks, lines", [
+    (["a\nb", "\n"], ["a", "b"]),
+    (["data: x\r", "\n\r\n"], ["data: x", ""]),  # a \r\n split across two reads is one line ending
+    (["a\rb\r\nc"], ["a", "b"]),
+    (["tail without ending"], []),
+])
+def test_the_line_splitter_knows_every_line_ending(chunks, lines):
+    from engine.remote.sse import LineSplitter
+
+    splitter = LineSplitter()
+    assert [line for chunk in chunks for line in splitter.feed(chunk)] == lines
+
+
+def test_the_line_splitter_and_the_decoder_refuse_what_is_too_long():
+    from engine.remote.errors import RemoteError
+    from engine.remote.sse import LineSplitter, SSEDecoder
+
+    splitter = LineSplitter(max_chars=10)
+    assert splitter.feed("0123456789") == []
+    with pytest.raises(RemoteError, match="without ending it"):
+        splitter.feed("!")
+    decoder = SSEDecoder(max_chars=10)
+    assert decoder.feed("data: 12345") is None
+    with pytest.raises(RemoteError, match="an event of more than"):
+        decoder.feed("data: 67890")

@@ -3,7 +3,8 @@
 ``stub.behaviour`` picks what ``POST /v1/chat/completions`` does: stream a reply ("ok"), answer an HTTP error
 ("status", with ``stub.status`` and ``stub.error_body``), cut the connection after ``stub.pieces`` pieces
 ("cut"), go silent after them ("stall"), send a malformed event ("malformed"), an error event ("error_event"),
-or end without a finish reason ("no_finish"); ``stub.plan`` scripts the next requests one by one. Every
+end without a finish reason ("no_finish"), or send one line that never ends ("endless_line", until the
+client hangs up); ``stub.plan`` scripts the next requests one by one. Every
 request body is kept in ``stub.requests``.
 """
 
@@ -146,6 +147,14 @@ def _handler(stub: StubServer):
                 self._chunk(b"data: {\"choices\": [{\"delta\": \n\n")
                 self._chunk(b"")
                 return True
+            if stub.behaviour == "endless_line":
+                block = b"x" * 65536
+                try:
+                    self._chunk(b"data: ")
+                    while True:  # as a broken or hostile server would: no newline, ever
+                        self._chunk(block)
+                except OSError:  # the client refused the line and closed the connection
+                    return True
             if stub.behaviour == "error_event":
                 self._event({"error": {"message": "the KV cache is full", "code": 503}})
                 self._chunk(b"data: [DONE]\n\n")
