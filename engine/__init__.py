@@ -23,6 +23,7 @@ from .errors import (
     HubError,
     LibraryError,
     ModelLoadError,
+    PromptTooLong,
     UnsupportedModelError,
 )
 from .models.fit import FitEstimate
@@ -74,6 +75,7 @@ __all__ = [
     "LibraryError",
     "ModelLibrary",
     "ModelLoadError",
+    "PromptTooLong",
     "RequestMetrics",
     "RequestOutput",
     "RequestSnapshot",

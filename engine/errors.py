@@ -27,3 +27,7 @@ class HubError(EngineError):
 
 class DownloadCancelled(HubError):
     """A download was cancelled; what arrived is kept, and the next download of the file continues from it."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt holds more than the model's context can: refused before it is templated or tokenised."""

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from PySide6.QtCore import QObject, Signal
 
+from engine import PromptTooLong
+
 from ..data.store import StoreWriteError
 from .conversation_actions import Overflow
 from .session import ChatSession
@@ -89,8 +91,13 @@ class ReplyFlow(QObject):
         stats = self.session.bridge.stats()
         if stats is None or self.source().checks_own_context:
             return True
-        outcome = self.actions.make_room(text, stats.max_model_len, self.session.tokens.count,
-                                         self.dialogs.ask_overflow)
+        try:
+            outcome = self.actions.make_room(text, stats.max_model_len, self.session.tokens.count,
+                                             self.dialogs.ask_overflow)
+        except PromptTooLong:  # more characters than the whole context could hold: not even counted
+            outcome = "too-long"
+        except ValueError:  # the template refuses this chat: the reply says why, with the message kept
+            return True
         if outcome == "too-long":
             self.dialogs.warn_too_long()
         return outcome in ("fits", "dropped")

@@ -203,10 +203,9 @@ class EngineBridge(QObject):
         return self.engine.stream(messages, sampling)
 
     def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of ``messages`` with the chat template (tokenizers are safe to use off the engine thread)."""
-        tokenizer = self.engine.tokenizer
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        """Prompt tokens of ``messages`` with the chat template, as the engine will count them (any thread).
+        ``PromptTooLong`` when they hold more than the context can; ``ValueError`` when the template refuses them."""
+        return len(self.engine.encode_prompt(messages))
 
     def stats(self) -> EngineStats | None:
         """The latest engine snapshot, or None before the first model has loaded."""

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import EngineDeadError
+from ..errors import EngineDeadError, PromptTooLong
 from ..serving.async_engine import AsyncEngine, RequestStream
 from ..serving.outputs import RequestOutput
 from .config import API_SOURCE, ApiConfig
@@ -118,10 +118,12 @@ class OpenAIRoutes:
 
 
 async def _start(engine: AsyncEngine, api: ApiRequest) -> list[RequestStream]:
-    """Tokenise the prompt on the engine thread, size ``max_tokens`` to the context, start the ``n`` requests
+    """Tokenise the prompt (off the engine thread), size ``max_tokens`` to the context, start the ``n`` requests
     (the same prompt: they run in one batch)."""
     try:
-        ids = await engine.run(lambda e: e.encode_prompt(api.prompt))
+        ids = await engine.encode(api.prompt)
+    except PromptTooLong as exc:
+        raise bad_field(api.prompt_field, str(exc), code="context_length_exceeded") from None
     except ValueError as exc:
         raise bad_field(api.prompt_field, str(exc)) from None
     max_tokens = _max_tokens(engine, api, len(ids))

@@ -14,6 +14,7 @@ from ..devices import choose_quantization, resolve_dtype
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..step import kernels
 from ..step.quantization import module_bytes, quantize_model
+from ..templates.chat_template import ChatTemplate
 from . import gguf_cache
 from .gguf_weights import load_packed_gguf
 from .memory import PeakMemory, return_freed_memory
@@ -137,6 +138,7 @@ def load_tokenizer(source: ModelSource):
         tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
         warnings.append(FALLBACK_TEMPLATE_WARNING)
         log.warning("%s: %s", source.name, FALLBACK_TEMPLATE_WARNING)
+    ChatTemplate(tokenizer).check(source.name)
     return tokenizer, warnings
 
 

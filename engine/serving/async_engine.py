@@ -1,7 +1,9 @@
 """An engine that runs in its own thread and streams to asyncio code.
 
 One background thread owns the model and every torch call. Other threads talk to it through a command
-queue; outputs travel back to each caller's event loop with ``call_soon_threadsafe``.
+queue; outputs travel back to each caller's event loop with ``call_soon_threadsafe``. Prompts are templated and
+tokenised before they reach that thread, on a small pool of its own (:class:`PromptEncoder`), so a huge or hostile
+prompt never holds up the streams already running.
 
 The thread survives any failure of a step (the engine ends the requests it touched and carries on). If it
 dies anyway, every open stream ends at once with :class:`EngineDeadError`, later calls raise it, and
@@ -18,19 +20,21 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..config import EngineConfig
 from ..errors import EngineDeadError
 from ..sampling_params import SamplingParams
-from .engine import Engine, Prompt, describe_failure
+from .engine import Engine, describe_failure
 from .metrics import EngineStats
 from .outputs import RequestOutput
+from .prompt_encoder import Prompt, is_token_id
 
 log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.05
 SHUTDOWN_MESSAGE = "the engine has shut down"
+ENCODER_THREADS = 2
 
 
 class RequestStream:
@@ -93,7 +97,9 @@ class AsyncEngine:
     ):
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, weakref.ref[RequestStream]]] = {}
-        self._lock = threading.Lock()  # guards _streams and failure against a dying thread
+        self._lock = threading.Lock()  # guards _streams, _preparing and failure against a dying thread
+        self._preparing: set[str] = set()  # requests whose prompts are being encoded
+        self._encoder = ThreadPoolExecutor(ENCODER_THREADS, thread_name_prefix="kvasir-prompts")
         self._ids = itertools.count()
         self._stats: EngineStats | None = None
         self._stopping = False
@@ -122,15 +128,39 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         request_id = f"areq-{next(self._ids)}"
         stream = RequestStream(self, request_id)
+        ready = _is_token_ids(prompt)  # token ids go straight in, in the order they came
         with self._lock:
             self._raise_if_dead()
             self._streams[request_id] = (loop, weakref.ref(stream))
-            self._commands.put(("add", (request_id, prompt, sampling, source)))
+            if ready:
+                self._commands.put(("add", (request_id, prompt, prompt, sampling, source, None)))
+            else:
+                self._preparing.add(request_id)
+        if not ready:
+            self._encoder.submit(self._prepare, request_id, prompt, sampling, source)
         return stream
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread."""
+        with self._lock:
+            if request_id in self._preparing:  # its prompt is still being encoded: it never starts
+                self._preparing.discard(request_id)
+                self._streams.pop(request_id, None)
+                return
         self._commands.put(("abort", request_id))
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids of ``prompt`` for the model now serving (see :meth:`Engine.encode_prompt`). Blocks while the
+        template renders: call it from a worker thread, or await :meth:`encode`."""
+        self._raise_if_dead()
+        encoder = getattr(self._engine, "prompts", None)
+        if encoder is None:  # between two models: the engine thread answers once the next one is in
+            return self.call(lambda engine: engine.encode_prompt(prompt)).result()
+        return encoder.encode(prompt)
+
+    async def encode(self, prompt: Prompt) -> list[int]:
+        """:meth:`encode_prompt` on the encoder pool, neither on the event loop nor the engine thread."""
+        return await asyncio.wrap_future(self._encoder.submit(self.encode_prompt, prompt))
 
     def call(self, fn: Callable[[Engine], Any]) -> Future:
         """Run ``fn(engine)`` on the engine thread between steps; returns a concurrent Future."""
@@ -169,11 +199,32 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         """Abort everything and stop the thread."""
+        self._encoder.shutdown(wait=False, cancel_futures=True)
         if self._thread.is_alive():
             self._stopping = True
             self._commands.put(("stop", None))
             self._thread.join(timeout=30)
         self._end_streams(SHUTDOWN_MESSAGE)
+
+    # -- the encoder pool ---------------------------------------------------------------------------
+
+    def _prepare(self, request_id: str, prompt: Prompt, sampling: SamplingParams | None, source: str) -> None:
+        """Encode a request's prompt, then hand the ids to the engine thread, unless it was aborted meanwhile."""
+        encoder = getattr(self._engine, "prompts", None)
+        try:
+            ids = encoder.encode(prompt) if encoder is not None else prompt  # None: the engine thread encodes
+        except Exception as exc:
+            with self._lock:
+                wanted = request_id in self._preparing
+                self._preparing.discard(request_id)
+            if wanted:
+                self._deliver(request_id, exc)
+            return
+        with self._lock:
+            if request_id not in self._preparing or self.failure is not None:
+                return
+            self._preparing.discard(request_id)
+            self._commands.put(("add", (request_id, prompt, ids, sampling, source, encoder)))
 
     # -- the engine thread --------------------------------------------------------------------------
 
@@ -225,9 +276,17 @@ class AsyncEngine:
     def _handle(self, kind: str, payload: Any) -> None:
         engine = self._engine
         if kind == "add":
-            request_id, prompt, sampling, source = payload
+            request_id, prompt, ids, sampling, source, encoder = payload
+            if encoder is not None and encoder is not engine.prompts:  # encoded for a model since switched out
+                with self._lock:
+                    self._preparing.add(request_id)
+                try:
+                    self._encoder.submit(self._prepare, request_id, prompt, sampling, source)
+                except RuntimeError:  # shutting down
+                    self._deliver(request_id, EngineDeadError(SHUTDOWN_MESSAGE))
+                return
             try:
-                engine.add_request(prompt, sampling, request_id=request_id, source=source)
+                engine.add_request(ids, sampling, request_id=request_id, source=source)
             except Exception as exc:
                 self._deliver(request_id, exc)
         elif kind == "abort":
@@ -292,6 +351,7 @@ class AsyncEngine:
         with self._lock:
             self.failure = self.failure or reason
             streams, self._streams = self._streams, {}
+            self._preparing.clear()
         for request_id, entry in streams.items():
             self._send(request_id, entry, EngineDeadError(reason))
         self._fail_queued_commands(reason)
@@ -310,3 +370,7 @@ class AsyncEngine:
     def _raise_if_dead(self) -> None:
         if self.failure is not None:
             raise EngineDeadError(self.failure)
+
+
+def _is_token_ids(prompt: Prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and all(is_token_id(t) for t in prompt)

@@ -28,13 +28,13 @@ from .gpu_usage import GpuMonitor
 from .kv_cache import KVCache, KVShape, kv_cache_blocks
 from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
+from .prompt_encoder import Prompt, PromptEncoder
 from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
 from .warmup import step_peak_bytes
 
 log = logging.getLogger(__name__)
 
-Prompt = str | list[int] | list[dict]
 SWITCHED_MESSAGE = "the model was switched while this reply was being written"
 
 
@@ -63,6 +63,7 @@ class Engine:
         self.loaded: LoadedModel = load_model(config, self.device, attention.register(), progress)
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
+        self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
         self.step_peak_bytes = 0  # measured on a GPU before sizing the cache
         self.graphs_problem = cuda_graphs.graphs_problem(config.cuda_graphs, self.device, self.loaded.model,
@@ -205,7 +206,7 @@ class Engine:
         go first, since they point into both."""
         if getattr(self, "runner", None) is not None:
             self.runner.close()
-        for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer"):
+        for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer", "prompts"):
             setattr(self, name, None)
         gc.collect()
         return_freed_memory()
@@ -298,33 +299,11 @@ class Engine:
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: raw text, token ids, or chat messages (with the generation prompt).
 
-        Anything else, or text that is not valid Unicode, raises ``ValueError`` saying what is wrong.
+        Anything else, text that is not valid Unicode or longer than the context holds, or a chat the model's
+        template refuses, raises ``ValueError`` saying what is wrong. Safe to call from any thread (see
+        :class:`PromptEncoder`); :class:`AsyncEngine` calls it before a request reaches the engine thread.
         """
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(_valid_text(prompt, "the prompt"), add_special_tokens=True)
-        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self._apply_chat_template(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
-            ids = [int(t) for t in prompt]
-        else:
-            raise ValueError("a prompt is a string, a list of token ids, or a list of chat messages")
-        vocab = self.loaded.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        return list(ids)
-
-    def _apply_chat_template(self, messages: list[dict]) -> list[int]:
-        for index, message in enumerate(messages):
-            if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
-                raise ValueError(f"chat message {index} needs a 'role' and a 'content' that are strings")
-            _valid_text(message["content"], f"chat message {index}")
-        try:
-            continuing = messages[-1]["role"] == "assistant"  # a reply cut short is written on, not restarted
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=not continuing,
-                                                     continue_final_message=continuing, tokenize=True)
-        except Exception as exc:  # the model's template refuses this conversation (roles out of order, say)
-            raise ValueError(f"the model's chat template refused these messages: {exc}") from None
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return self.prompts.encode(prompt)
 
     # -- internals ----------------------------------------------------------------------------------
 
@@ -496,19 +475,6 @@ class Engine:
             error=seq.error,
             metrics=RequestMetrics.of(seq),
         )
-
-
-def _is_token_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _valid_text(text: str, what: str) -> str:
-    """``text`` unchanged, or a ``ValueError`` if it holds a lone surrogate (not encodable Unicode)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
-    return text
 
 
 def _without_frames(exc: BaseException) -> BaseException:

@@ -286,6 +286,15 @@ def test_a_prompt_longer_than_the_context_is_a_clear_400(client, model):
     assert too_many.value.body["param"] == "max_tokens" and "you requested" in too_many.value.body["message"]
 
 
+def test_a_prompt_with_more_characters_than_the_context_can_hold_is_a_400_before_tokenising(client, model):
+    with pytest.raises(openai.BadRequestError) as huge:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x" * 4_000_000}])
+    error = huge.value.body
+    assert error["param"] == "messages" and error["code"] == "context_length_exceeded"
+    assert error["message"].startswith(f"the messages are 4,000,000 characters: more than the model's "
+                                       f"{MAX_MODEL_LEN}-token context can hold")
+
+
 @pytest.mark.parametrize(("method", "path", "body", "status"), [
     ("POST", "/v1/chat/completions", b"{not json", 400),
     ("POST", "/v1/chat/completions", b"[1, 2]", 400),
