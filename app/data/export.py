@@ -182,13 +182,13 @@ def _check_tree(messages: list[dict], head) -> None:
             raise ConversationImportError(f"message {message_id} answers message {parent}, which is not in the file")
     acyclic: set[int] = set()
     for start in parents:
-        path, node = [], start
+        path, node = set(), start
         while node is not None and node not in acyclic:
             if node in path:
                 raise ConversationImportError(f"the replies of message {start} loop back on themselves")
-            path.append(node)
+            path.add(node)
             node = parents[node]
-        acyclic.update(path)  # walked to a root: no later walk needs to pass here again
+        acyclic |= path  # walked to a root: no later walk needs to pass here again (each message walked once)
     if head is not None and head not in parents:
         raise ConversationImportError(f"the conversation's current message {head} is not in the file")
 

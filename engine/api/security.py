@@ -2,7 +2,10 @@
 
 On loopback with no key, two browser tricks could still reach the model: a web page posting to
 ``127.0.0.1`` (its ``Origin`` is another site), and DNS rebinding (a name of the page's own that resolves to
-``127.0.0.1``; the ``Host`` header still says that name). Both are refused.
+``127.0.0.1``; the ``Host`` header still says that name). Both are refused. A page served from another port of
+this machine is refused too: it is whatever that server shows (a dev server's preview, a downloaded page behind a
+file server), and a browser sends its plain-text posts without asking first. Only the endpoint's own origin
+passes without a key; with a key, any page that sends it is served.
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ class AccessGuard:
                             code="host_not_allowed")
         if self.key is None:
             origin = headers.get("origin")
-            if origin and not is_loopback(urlsplit(origin).hostname or ""):
-                return ApiError(403, "requests from web pages are refused unless the server has an API key",
-                                code="origin_not_allowed")
+            if origin and urlsplit(origin).netloc.lower() != headers.get("host", "").lower():
+                return ApiError(403, "requests from web pages (other than the server's own address) are refused "
+                                     "unless the server has an API key", code="origin_not_allowed")
             return None
         return self._key_problem(headers.get("authorization"))
 

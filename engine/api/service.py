@@ -1,7 +1,8 @@
 """The endpoint on its own thread with its own asyncio loop (uvicorn), so it runs beside a window or alone.
 
 The socket is bound before the thread starts, so a port in use is a clear error from :meth:`ApiServer.start`
-rather than a log line in a thread.
+rather than a log line in a thread. Connections that never finish their headers are closed at a deadline, and
+past a cap new ones get a 503 (:mod:`.connections`); a log line repeated in a burst is written once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 import uvicorn
 
 from .config import ApiConfig
+from .connections import ConnectionLimits, connection_cap
+from .log_once import quieten_repeats
 from .server import EngineSource, create_app
 
 START_TIMEOUT_S = 10
@@ -42,11 +45,13 @@ class ApiServer:
     and closes the port. One server per instance; make a new one to listen again."""
 
     def __init__(self, engines: EngineSource, config: ApiConfig | None = None, *, access_log: bool = False,
-                 configure_logging: bool = False, graceful_stop_s: float = GRACEFUL_STOP_S) -> None:
+                 configure_logging: bool = False, graceful_stop_s: float = GRACEFUL_STOP_S,
+                 limits: ConnectionLimits | None = None) -> None:
         self.config = config or ApiConfig()
         self.app = create_app(engines, self.config)
+        self.limits = limits or ConnectionLimits(max_connections=connection_cap())
         self._uvicorn = uvicorn.Config(
-            self.app, lifespan="off", loop="asyncio", http="h11", ws="none", access_log=access_log,
+            self.app, lifespan="off", loop="asyncio", http=self.limits.protocol(), ws="none", access_log=access_log,
             log_level="info" if access_log else "warning", timeout_graceful_shutdown=graceful_stop_s,
             log_config=uvicorn.config.LOGGING_CONFIG if configure_logging else None)
         self._server: _Server | None = None
@@ -68,6 +73,7 @@ class ApiServer:
         """Listen (raises :class:`ServerStartError` with the reason) and serve on a new thread; the base URL."""
         if self._server is not None:
             raise RuntimeError("this server has already been started")
+        quieten_repeats()
         sock = bind(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
         self._server = _Server(self._uvicorn)

@@ -95,7 +95,10 @@ class HubDownload:
     # -- one file ---------------------------------------------------------------------------------------
 
     def _final(self, file: RemoteFile) -> Path:
-        return self.folder / file.path
+        path = self.folder / file.path
+        if not path.resolve().is_relative_to(self.folder.resolve()):  # the listing's names are checked; twice
+            raise HubError(f"the file name {file.path!r} would land outside the model's folder; not downloaded")
+        return path
 
     def _part(self, file: RemoteFile) -> Path:
         final = self._final(file)

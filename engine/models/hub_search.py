@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from pathlib import PurePosixPath
+from pathlib import PurePosixPath, PureWindowsPath
 
 from .hub_api import API_TIMEOUT_S, hub_api, in_words
 from .sources import HUB_PATTERNS, REPO_ID
@@ -127,9 +127,11 @@ def repo_options(repo_id: str, address: str | None = None) -> HubRepo:
 
 
 def _safe_path(path: str) -> bool:
-    """A file name that stays inside the download folder (a hostile listing could say ``../../.bashrc``)."""
+    """A file name that stays inside the download folder on every system (a hostile listing could say
+    ``../../.bashrc``, or ``C:/Users/...``, which Windows joins as a path of its own)."""
     parts = PurePosixPath(path).parts
-    return bool(parts) and not path.startswith("/") and ".." not in parts and "\\" not in path
+    return (bool(parts) and not path.startswith("/") and ".." not in parts and "\\" not in path
+            and ":" not in path and not PureWindowsPath(path).anchor)
 
 
 def _gguf_options(files: list[RemoteFile]) -> list[HubOption]:

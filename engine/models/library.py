@@ -20,6 +20,7 @@ from .sources import resolve_source
 
 DATA_DIR_ENV = "KVASIR_DATA_DIR"
 INDEX_VERSION = 1
+MAX_INDEX_BYTES = 16 * 1024**2  # about 20,000 models' entries
 ENTRY_FIELDS = {"spec": (str,), "info": (dict,), "added": (float, int)}
 TYPE_WORDS = {str: "text", int: "a whole number", float: "a number", dict: "an object"}
 FIELD_TYPES = {"str": (str,), "int": (int,), "str | None": (str, type(None))}  # ModelInfo's annotations
@@ -120,6 +121,10 @@ class ModelLibrary:
 
     def _read_index(self) -> dict:
         try:
+            size = self.index.stat().st_size
+            if size > MAX_INDEX_BYTES:  # checked before reading: parsing a huge file would take gigabytes
+                raise self._damaged(f"it is {size / 1024**2:,.0f} MiB, and an index is never more than "
+                                    f"{MAX_INDEX_BYTES // 1024**2} MiB")
             data = json.loads(self.index.read_bytes())
         except OSError as exc:
             raise LibraryError(f"{self.index} can't be read: {exc.strerror or exc}") from None

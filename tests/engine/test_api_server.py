@@ -314,7 +314,10 @@ def test_protocol_errors_have_openai_shape_and_status(server, method, path, body
 def test_browser_origins_and_foreign_host_names_are_refused_on_loopback(server, model):
     assert raw(server, "GET", "/v1/models", headers={"Origin": "https://evil.example"})[0] == 403
     assert raw(server, "GET", "/v1/models", headers={"Host": "rebound.example:80"})[0] == 403
-    assert raw(server, "GET", "/v1/models", headers={"Origin": "http://localhost:3000"})[0] == 200
+    assert raw(server, "GET", "/v1/models", headers={"Origin": "http://localhost:3000"})[0] == 403  # another port
+    own = f"127.0.0.1:{server.port}"
+    assert raw(server, "GET", "/v1/models", headers={"Origin": f"http://{own}", "Host": own})[0] == 200
+    assert raw(server, "GET", "/v1/models", headers={"Origin": "null"})[0] == 403  # a file opened in a browser
 
 
 # -- security and start-up --------------------------------------------------------------------------------

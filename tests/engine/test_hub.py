@@ -334,3 +334,28 @@ def test_the_command_line_searches_lists_and_downloads(hub, library, ggufs, caps
     assert capsys.readouterr().out.strip().startswith("added tiny-llama-Q4_1")
     assert main(["models", "download", GGUF_REPO, "nothing.gguf"]) == 2
     assert "has no 'nothing.gguf'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "safe"), [
+    ("model.Q4_K_M.gguf", True), ("sub/folder/model.gguf", True),
+    ("../model.gguf", False), ("a/../../model.gguf", False), ("/etc/model.gguf", False), ("a\\b.gguf", False),
+    ("C:/Users/me/model.gguf", False), ("C:model.gguf", False), ("//server/share/model.gguf", False),
+    ("model.gguf:hidden", False),
+])
+def test_a_file_name_that_would_land_outside_the_folder_on_any_system_is_dropped(name, safe):
+    from pathlib import PureWindowsPath
+
+    from engine.models.hub_search import _safe_path
+
+    assert _safe_path(name) is safe
+    if name.startswith("C:"):  # why: Windows joins a drive's path as a path of its own
+        assert not str(PureWindowsPath("D:/models/repo") / name).startswith("D:")
+
+
+def test_a_download_never_writes_outside_its_folder_even_past_the_listing(hub, library, ggufs):
+    from engine.models.hub_search import RemoteFile
+
+    repo = repo_options(GGUF_REPO)
+    download = HubDownload(repo, repo.option("tiny-llama-Q4_1.gguf"), library)
+    with pytest.raises(HubError, match="would land outside the model's folder"):
+        download._final(RemoteFile("../../outside.gguf", 1, None))

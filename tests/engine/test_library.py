@@ -166,3 +166,14 @@ def test_an_index_from_a_newer_kvasir_is_refused_and_kept(library):
     with pytest.raises(LibraryError, match="written by a newer Kvasir"):
         library.entries()
     assert library.index.read_text() == '{"version": 2, "models": []}'
+
+
+def test_an_index_too_large_to_be_one_is_refused_before_it_is_read(library, monkeypatch):
+    from engine.errors import LibraryError
+
+    library.root.mkdir(parents=True)
+    with library.index.open("wb") as index:
+        index.truncate(1024**3)  # 1 GiB, sparse: no disk used, and never read
+    monkeypatch.setattr(type(library.index), "read_bytes", lambda self: pytest.fail("the whole index was read"))
+    with pytest.raises(LibraryError, match=r"is damaged: it is 1,024 MiB, and an index is never more than 16 MiB"):
+        library.entries()

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from app.data.export import ConversationImportError, from_json, to_json
+from app.data.export import ConversationImportError, _check_tree, from_json, to_json
 
 
 @pytest.fixture
@@ -137,3 +137,14 @@ def test_the_window_shows_why_an_import_failed(window, store, export, tmp_path, 
     assert window.chat_commands.import_file(path) is None
     assert "bad.json could not be imported" in warnings[0] and "unknown status 'weird'" in warnings[0]
     assert [c.id for c in store.conversations()] == before
+
+
+@pytest.mark.timeout(60)
+def test_the_loop_check_walks_each_message_once():
+    """200,000 messages in one chain, newest first: linear, well under a second; the walk it replaced went over the
+    chain once per message (about 320 s here), and this test's guard would stop it."""
+    messages = [{"id": i, "parent": i - 1 if i else None} for i in reversed(range(200_000))]
+    _check_tree(messages, head=199_999)
+    messages[-1]["parent"] = 199_999  # the first message now answers the last: one loop through all of them
+    with pytest.raises(ConversationImportError, match="loop back"):
+        _check_tree(messages, head=199_999)
