@@ -1,4 +1,9 @@
-"""Markdown to the HTML subset Qt's rich text understands, with code blocks highlighted by Pygments."""
+"""Markdown to the HTML subset Qt's rich text understands, with code blocks highlighted by Pygments.
+
+Rich text is laid out by Qt in time that grows faster than its length, so a message is cut into pieces each
+cheap to draw: HTML in chunks of at most :data:`CHUNK_HTML_CHARS`; code blocks (long ones plain, in a scrolled
+box); long tables as a table widget; and a message too long to be Markdown at all as the text it is.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ from pygments.util import ClassNotFound
 from ..theme import CODE_BACKGROUND, LINK, TABLE_BORDER, for_scheme
 
 _DARK_STYLE, _LIGHT_STYLE = "monokai", "friendly"
+MARKDOWN_LIMIT = 512_000  # characters: a longer message shows as written (parsing it would take seconds)
+CHUNK_HTML_CHARS = 8_000  # rich text per label: laying out more at once takes Qt far longer per character
+LONG_CODE_CHARS = 20_000  # longer code blocks are shown plain, in a scrolled box (highlighting takes seconds)
+TABLE_WIDGET_CELLS = 120  # larger tables are a table widget (rich text laid out 400 rows of 20 in 14 s)
 SAFE_SCHEMES = ("http", "https", "mailto")  # the only links model text may carry; the rest show as plain text
 # Links carry their colour: Qt fixes a link's colour when the HTML is read, so a theme change must change the HTML.
 
@@ -38,11 +47,32 @@ def _highlight(code: str, language: str, dark: bool) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CodeSegment:
-    """A top-level code block: its language (may be empty), its source, and the source highlighted as HTML."""
+    """A top-level code block: its language (may be empty), its source, and the source highlighted as HTML
+    (empty for a block longer than :data:`LONG_CODE_CHARS`, shown plain)."""
 
     language: str
     code: str
     highlighted: str
+
+
+@dataclass(frozen=True, slots=True)
+class TableSegment:
+    """A top-level table of more than :data:`TABLE_WIDGET_CELLS` cells: its cells as plain text, and its
+    Markdown."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlainSegment:
+    """A message too long for Markdown (:data:`MARKDOWN_LIMIT`), shown exactly as written."""
+
+    text: str
+
+
+Segment = str | CodeSegment | TableSegment | PlainSegment
 
 
 class MarkdownRenderer:
@@ -63,24 +93,53 @@ class MarkdownRenderer:
         """HTML for ``text``; unfinished markdown (an open code fence while streaming) still renders."""
         return self._tables(self._md.render(text))
 
-    def segments(self, text: str) -> list[str | CodeSegment]:
-        """``text`` as HTML pieces and the top-level code blocks between them, in order."""
+    def segments(self, text: str) -> list[Segment]:
+        """``text`` as HTML chunks and the top-level code blocks and long tables between them, in order."""
+        if len(text) > MARKDOWN_LIMIT:
+            return [PlainSegment(text)]
         env: dict = {}
         tokens = self._md.parse(text, env)
-        pieces: list[str | CodeSegment] = []
-        run: list = []
-        for token in tokens:
-            if token.type in ("fence", "code_block") and token.level == 0:
-                if run:
-                    pieces.append(self._tables(self._md.renderer.render(run, self._md.options, env)))
-                    run = []
-                language = token.info.strip().split(" ")[0] if token.info else ""
-                pieces.append(CodeSegment(language, token.content, _highlight(token.content, language, self.dark)))
+        lines = text.splitlines(keepends=True)
+        pieces: list[Segment] = []
+        run: list[str] = []
+        for block in _top_level_blocks(tokens):
+            first = block[0]
+            if first.type in ("fence", "code_block"):
+                pieces += self._flush(run)
+                pieces.append(self._code(first))
+            elif first.type == "table_open" and _cells(block) > TABLE_WIDGET_CELLS:
+                pieces += self._flush(run)
+                pieces.append(self._table(block, lines))
             else:
-                run.append(token)
-        if run:
-            pieces.append(self._tables(self._md.renderer.render(run, self._md.options, env)))
-        return pieces
+                run.append(self._tables(self._md.renderer.render(block, self._md.options, env)))
+                if sum(map(len, run)) >= CHUNK_HTML_CHARS:
+                    pieces += self._flush(run)
+        return pieces + self._flush(run)
+
+    def _flush(self, run: list[str]) -> list[str]:
+        """The HTML gathered so far as one chunk (and the run emptied)."""
+        chunk = "".join(run)
+        run.clear()
+        return [chunk] if chunk else []
+
+    def _code(self, token) -> CodeSegment:
+        language = token.info.strip().split(" ")[0] if token.info else ""
+        code = token.content
+        highlighted = _highlight(code, language, self.dark) if len(code) <= LONG_CODE_CHARS else ""
+        return CodeSegment(language, code, highlighted)
+
+    def _table(self, block: list, lines: list[str]) -> TableSegment:
+        rows, row, header = [], [], ()
+        for token in block:
+            if token.type == "inline":
+                row.append(self._md.renderer.renderInlineAsText(token.children or [], self._md.options, {}))
+            elif token.type == "tr_close":
+                rows.append(tuple(row))
+                row = []
+            elif token.type == "thead_close":
+                header, rows = rows[0] if rows else (), []
+        start, end = block[0].map or (0, 0)
+        return TableSegment(header, tuple(rows), "".join(lines[start:end]))
 
     def _tables(self, page: str) -> str:
         border = for_scheme(TABLE_BORDER, self.dark)
@@ -114,3 +173,19 @@ class MarkdownRenderer:
             f'<table width="100%" cellspacing="0" cellpadding="6" style="background:{background}; margin: 4px 0;">'
             f'<tr><td><pre style="margin:0; font-family: monospace;">{body}</pre></td></tr></table>'
         )
+
+
+def _top_level_blocks(tokens: list) -> list[list]:
+    """The parse's tokens grouped by top-level block (a paragraph, a list, a table, a code block...)."""
+    blocks, current, depth = [], [], 0
+    for token in tokens:
+        current.append(token)
+        depth += token.nesting
+        if depth == 0:
+            blocks.append(current)
+            current = []
+    return blocks + ([current] if current else [])
+
+
+def _cells(block: list) -> int:
+    return sum(token.type in ("th_open", "td_open") for token in block)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import html
 from enum import Enum
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QAccessible,
     QAccessibleAnnouncementEvent,
-    QDesktopServices,
     QGuiApplication,
     QTextDocumentFragment,
 )
@@ -29,17 +28,20 @@ from PySide6.QtWidgets import (
     QLayout,
     QPushButton,
     QScrollArea,
-    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from ..data.store import Message, Status
-from ..theme import CODE_BACKGROUND, MUTED, SPEAKER, WARNING, for_scheme
-from .markdown import CodeSegment, MarkdownRenderer, is_safe_link
+from ..theme import MUTED, SPEAKER, WARNING
+from .blocks import CodeBlock, PlainBlock, TextBlock, block_class
+from .markdown import MarkdownRenderer, PlainSegment, Segment
+from .render_worker import SYNC_RENDER_CHARS, RenderWorker
 
 RENDER_INTERVAL_MS = 50  # at most 20 redraws a second of the streaming reply
+PLAIN_LABEL_CHARS = 20_000  # a longer message of the user's shows in a scrolled box (a label lays it out slowly)
+LAYING_OUT = f'<span style="color:{MUTED};">Laying out a long message…</span>'
 PAGE = 60  # messages shown at first; "Show earlier messages" adds as many again
 READABLE_WIDTH = 860  # pixels: lines longer than this are hard to read
 STATUS_NOTES = {
@@ -107,75 +109,6 @@ def was_cut(message: Message) -> bool:
         message.stats.get("finish_reason") == "length"
 
 
-class _Text(QLabel):
-    """Rich text from Markdown: selectable; a link opens outside the app only when it is http(s) or mailto."""
-
-    def __init__(self, rich: bool, parent=None) -> None:
-        super().__init__(parent)
-        self.setWordWrap(True)
-        self.setTextFormat(Qt.RichText if rich else Qt.PlainText)
-        self.setTextInteractionFlags(Qt.TextBrowserInteraction if rich else Qt.TextSelectableByMouse |
-                                     Qt.TextSelectableByKeyboard)
-        self.setOpenExternalLinks(False)
-        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Minimum)
-        self.linkActivated.connect(open_link)
-
-
-def open_link(href: str) -> None:
-    if is_safe_link(href):
-        QDesktopServices.openUrl(QUrl(href))
-
-
-class CodeBlock(QFrame):
-    """A code block: a header with its language and a Copy button, then the highlighted code."""
-
-    def __init__(self, segment: CodeSegment, copy, dark: bool, parent=None) -> None:
-        super().__init__(parent)
-        self.setObjectName("codeBlock")
-        self.dark: bool | None = None
-        self.language = QLabel(segment.language or "code")
-        self.language.setTextFormat(Qt.PlainText)  # the model wrote it: never markup (an <img> would load a file)
-        self.language.setStyleSheet(f"color: {MUTED};")
-        self.copy_button = QToolButton(text="Copy")
-        self.copy_button.setAutoRaise(True)
-        self.copy_button.setFocusPolicy(Qt.StrongFocus)
-        self.code = QLabel()
-        self.code.setTextFormat(Qt.RichText)
-        self.code.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard)
-        self.code.setWordWrap(True)
-        header = QHBoxLayout()
-        header.setContentsMargins(8, 2, 4, 0)
-        header.addWidget(self.language)
-        header.addStretch(1)
-        header.addWidget(self.copy_button)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 6)
-        layout.setSpacing(0)
-        layout.addLayout(header)
-        layout.addWidget(self.code)
-        self._copy = copy
-        self.copy_button.clicked.connect(lambda: self._copy(self.source))
-        self.show_segment(segment, dark)
-
-    def show_segment(self, segment: CodeSegment, dark: bool) -> None:
-        self.source = segment.code
-        what = segment.language or "code"
-        self.language.setText(what)
-        self.copy_button.setToolTip(f"Copy the {what} block")
-        self.copy_button.setAccessibleName(f"Copy the {what} block")
-        self.code.setAccessibleName(f"{what} block" if segment.language else "Code block")
-        # long lines wrap rather than run past the block's edge, where they were cut off; Copy gives them whole
-        self.code.setText(f'<pre style="margin: 0 8px; font-family: monospace; white-space: pre-wrap;">'
-                          f'{segment.highlighted}</pre>')
-        if dark != self.dark:  # the theme changed: the background follows the highlighting's colours
-            self.dark = dark
-            self.setStyleSheet(f"QFrame#codeBlock {{ background: {for_scheme(CODE_BACKGROUND, dark)}; "
-                               "border-radius: 6px; }")
-
-    def focusables(self) -> list[QWidget]:
-        return [self.copy_button, self.code]
-
-
 class MessageWidget(QFrame):
     """One message: header, body, numbers and actions. :meth:`show_text` redraws the body alone."""
 
@@ -239,29 +172,47 @@ class MessageWidget(QFrame):
 
     def show_text(self, text: str) -> bool:
         """The body: plain text for the user's messages, Markdown for replies; widgets reused where they fit.
-        True when its widgets changed (a code block began or ended), so the tab order must be redone."""
+        A long reply is laid out on the view's render thread and shown when it is ready (the text before stays
+        on screen meanwhile). True when its widgets changed (a code block began or ended), so the tab order
+        must be redone."""
         self.text = text
-        before = len(self._segments), [type(w) for w in self._segments]
         if self.message.role == "user":
-            pieces: list = [text]
-        else:
-            pieces = self.view.renderer.segments(text) or [""]
+            return self.show_segments([text] if len(text) <= PLAIN_LABEL_CHARS else [PlainSegment(text)])
+        if len(text) <= SYNC_RENDER_CHARS:
+            return self.show_segments(self.view.renderer.segments(text) or [""])
+        self.view.renders.ask(self.message.id, text, self.view.renderer.dark)
+        return False if self._segments else self.show_segments([LAYING_OUT])
+
+    def show_segments(self, pieces: list[Segment]) -> bool:
+        """Each piece in its block, reusing the block already there when it is of the right kind."""
+        before = len(self._segments), [type(w) for w in self._segments]
         for index, piece in enumerate(pieces):
             widget = self._segments[index] if index < len(self._segments) else None
-            wanted = CodeBlock if isinstance(piece, CodeSegment) else _Text
+            wanted = block_class(piece)
             if type(widget) is not wanted:
                 if widget is not None:
                     self._drop_segments(index)
-                widget = (CodeBlock(piece, self.view.copy, self.view.renderer.dark) if wanted is CodeBlock
-                          else _Text(rich=self.message.role != "user"))
+                widget = self._new_block(piece)
                 self._segments.append(widget)
                 self.body.addWidget(widget)
-            elif isinstance(piece, CodeSegment):
+            elif isinstance(widget, CodeBlock):
                 widget.show_segment(piece, self.view.renderer.dark)
-            if wanted is _Text and widget.text() != piece:
-                widget.setText(piece)
+            else:
+                widget.show_segment(piece)
         self._drop_segments(len(pieces))
         return before != (len(self._segments), [type(w) for w in self._segments])
+
+    def _new_block(self, piece: Segment) -> QWidget:
+        wanted = block_class(piece)
+        if wanted is TextBlock:
+            block = TextBlock(rich=self.message.role != "user")
+            block.show_segment(piece)
+            return block
+        if wanted is CodeBlock:
+            return CodeBlock(piece, self.view.copy, self.view.renderer.dark)
+        if wanted is PlainBlock:
+            return PlainBlock(piece, note=self.message.role != "user")
+        return wanted(piece, self.view.copy)
 
     def _drop_segments(self, keep: int) -> None:
         for widget in self._segments[keep:]:
@@ -323,10 +274,7 @@ class MessageWidget(QFrame):
         """What Tab stops at in this message, top to bottom: its text and code blocks, then its buttons."""
         found: list[QWidget] = []
         for widget in self._segments:
-            if isinstance(widget, CodeBlock):
-                found += widget.focusables()
-            elif widget.focusPolicy() & Qt.TabFocus:
-                found.append(widget)
+            found += widget.focusables()
         items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
         return found + [w for w in items if isinstance(w, QToolButton)]
 
@@ -336,12 +284,7 @@ class MessageWidget(QFrame):
 
     def plain_text(self) -> str:
         pieces = [QTextDocumentFragment.fromHtml(self.header.text()).toPlainText()]
-        for widget in self._segments:
-            if isinstance(widget, CodeBlock):
-                pieces.append(widget.source)
-            else:
-                pieces.append(QTextDocumentFragment.fromHtml(widget.text()).toPlainText()
-                              if widget.textFormat() == Qt.RichText else widget.text())
+        pieces += [widget.plain_text() for widget in self._segments]
         pieces.append(self.footer.text())
         items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
         pieces.append(" ".join(w.text() for w in items if w is not None))
@@ -397,6 +340,8 @@ class ChatView(QScrollArea):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setAccessibleName("Conversation")
         self.renderer = MarkdownRenderer()
+        self.renders = RenderWorker(self)
+        self.renders.rendered.connect(self._rendered)
         self.page = _Page()
         self.page.setObjectName("transcript")
         self.column = QVBoxLayout(self.page)
@@ -634,6 +579,13 @@ class ChatView(QScrollArea):
         self._dirty.clear()
         if changed:
             self._chain_focus()  # a new code block's Copy button joins the tab order where it shows
+
+    def _rendered(self, message_id: int, text: str, dark: bool, segments: list[Segment]) -> None:
+        """A long message laid out on the render thread: shown if it is still what the widget should show."""
+        widget = self._widgets.get(message_id)
+        if widget is not None and widget.text == text and dark == self.renderer.dark:
+            if widget.show_segments(segments or [""]):
+                self._chain_focus()
 
     def _show_earlier(self) -> None:
         bar = self.verticalScrollBar()

@@ -3,7 +3,8 @@
 import pytest
 
 from app.data.store import Message
-from app.transcript.view import ChatView, CodeBlock, MessageAction, _Text
+from app.transcript.blocks import CodeBlock, TextBlock
+from app.transcript.view import ChatView, MessageAction
 
 HOSTILE = {
     "markdown edit": "[here](edit:3)",
@@ -28,7 +29,7 @@ def view(qtbot):
 @pytest.fixture
 def opened(monkeypatch):
     urls = []
-    monkeypatch.setattr("app.transcript.view.QDesktopServices.openUrl", lambda url: urls.append(url.toString()))
+    monkeypatch.setattr("app.transcript.blocks.QDesktopServices.openUrl", lambda url: urls.append(url.toString()))
     return urls
 
 
@@ -36,8 +37,8 @@ def reply(text: str) -> list[Message]:
     return [Message(1, 1, None, "user", "hi", 0.0), Message(2, 1, 1, "assistant", text, 1.0)]
 
 
-def texts(view: ChatView, message_id: int) -> list[_Text]:
-    return view.message_widget(message_id).findChildren(_Text)
+def texts(view: ChatView, message_id: int) -> list[TextBlock]:
+    return view.message_widget(message_id).findChildren(TextBlock)
 
 
 @pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())

@@ -8,8 +8,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
 from app.data.store import Message
+from app.transcript.blocks import CodeBlock
 from app.transcript.markdown import CodeSegment, MarkdownRenderer
-from app.transcript.view import ChatView, CodeBlock
+from app.transcript.view import ChatView
 
 COLOUR_SPAN = re.compile(r'<span style="[^"]*color: ?(#[0-9a-fA-F]{3,6})')
 

@@ -204,7 +204,7 @@ def test_a_users_message_actions_are_buttons_in_the_tab_order(qtbot, text):
 
 
 def test_a_code_block_that_appears_while_streaming_joins_the_tab_order_in_place(qtbot):
-    from app.transcript.view import CodeBlock
+    from app.transcript.blocks import CodeBlock
     from app.window.composer import Composer
 
     box = QWidget()

@@ -4,14 +4,15 @@ message box, from Preferences or Ctrl+= / Ctrl+- / Ctrl+0, and is remembered."""
 import pytest
 
 from app.data.settings import Settings, next_text_scale
-from app.transcript.view import FOOTER_SCALE, CodeBlock, _Text
+from app.transcript.blocks import CodeBlock, TextBlock
+from app.transcript.view import FOOTER_SCALE
 
 
 def sizes(window) -> dict[str, float]:
     """The point size of each kind of text in the last reply, and of the message box."""
     reply = window.chat.last_widget()
     (code,) = reply.findChildren(CodeBlock)
-    text = next(w for w in reply.findChildren(_Text) if w.textFormat().name == "RichText")
+    text = next(w for w in reply.findChildren(TextBlock) if w.textFormat().name == "RichText")
     return {"text": text.font().pointSizeF(), "code": code.code.font().pointSizeF(),
             "header": reply.header.font().pointSizeF(), "footer": reply.footer.font().pointSizeF(),
             "composer": window.composer.edit.font().pointSizeF()}
@@ -47,7 +48,7 @@ def test_ctrl_plus_and_minus_scale_messages_code_and_the_message_box(qtbot, chat
 def test_a_message_written_after_the_change_has_the_new_size(window, qloop):
     window.set_text_scale(200)
     qloop.run_until_complete(window.send("Hello"))
-    text = next(w for w in window.chat.last_widget().findChildren(_Text))
+    text = next(w for w in window.chat.last_widget().findChildren(TextBlock))
     assert text.font().pointSizeF() == pytest.approx(window.chat._base_point_size * 2)
 
 
