@@ -7,12 +7,15 @@ the segments come back to the GUI thread through :attr:`RenderWorker.rendered`.
 While it parses, the thread shares the interpreter with the GUI thread, which needs it for every Python slot,
 event filter and size hint: each time it waits for the parser's turn to end. At Python's usual 5 ms turns that
 stalled the window for 350 ms on a 120 kB table; while a layout runs, turns are :data:`SWITCH_INTERVAL_S`.
+After each layout the thread rests as long as the layout took (at most :data:`MAX_REST_S`): a long reply
+streaming in would otherwise keep a core busy laying out again and again, a core the engine decodes on.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 
 from PySide6.QtCore import QObject, Signal
 
@@ -20,6 +23,7 @@ from .markdown import MarkdownRenderer
 
 SYNC_RENDER_CHARS = 8_000  # shorter texts render at once, in a few milliseconds
 SWITCH_INTERVAL_S = 0.001
+MAX_REST_S = 0.5
 
 
 class RenderWorker(QObject):
@@ -54,6 +58,7 @@ class RenderWorker(QObject):
         while (job := jobs.take()) is not None:
             key, text, dark = job
             renderer.dark = dark
+            started = time.perf_counter()
             usual = sys.getswitchinterval()
             sys.setswitchinterval(min(usual, SWITCH_INTERVAL_S))
             try:
@@ -66,6 +71,7 @@ class RenderWorker(QObject):
                 return
             finally:
                 jobs.done()
+            time.sleep(min(MAX_REST_S, time.perf_counter() - started))
 
 
 class _Jobs:
