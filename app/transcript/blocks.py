@@ -7,7 +7,7 @@ piece per turn of the event loop, and a table widget, so no block keeps the wind
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QFontDatabase, QPalette, QTextCursor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -16,8 +16,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QSizePolicy,
-    QTableWidget,
-    QTableWidgetItem,
+    QTableView,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -202,13 +201,63 @@ class CodeBlock(QFrame):
         return [self.copy_button, self.code]
 
 
+class TableModel(QAbstractTableModel):
+    """A table's cells for a view: nothing is made per cell, so 8,000 cells cost what 80 do."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.header: tuple[str, ...] = ()
+        self.rows: tuple[tuple[str, ...], ...] = ()
+
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008 - Qt's signature
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.header)
+
+    def data(self, index: QModelIndex, role=Qt.DisplayRole):
+        if role != Qt.DisplayRole or not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        return row[index.column()] if index.column() < len(row) else ""
+
+    def headerData(self, section: int, orientation, role=Qt.DisplayRole):
+        if role == Qt.DisplayRole and orientation == Qt.Horizontal and section < len(self.header):
+            return self.header[section]
+        return None
+
+    def show_table(self, segment: TableSegment) -> None:
+        """Take ``segment``'s cells: a new header resets the table; otherwise rows are changed and added."""
+        if segment.header != self.header:
+            self.beginResetModel()
+            self.header, self.rows = segment.header, segment.rows
+            self.endResetModel()
+            return
+        old, new = self.rows, segment.rows
+        kept = min(len(old), len(new))
+        changed = [i for i in range(kept) if old[i] != new[i]]
+        if len(new) < len(old):
+            self.beginRemoveRows(QModelIndex(), len(new), len(old) - 1)
+            self.rows = new
+            self.endRemoveRows()
+        elif len(new) > len(old):
+            self.beginInsertRows(QModelIndex(), len(old), len(new) - 1)
+            self.rows = new
+            self.endInsertRows()
+        self.rows = new
+        if changed:
+            self.dataChanged.emit(self.index(changed[0], 0), self.index(changed[-1], len(self.header) - 1))
+
+
 class TableBlock(QFrame):
-    """A long table: its size and a Copy button (the Markdown), then a table widget of its rows."""
+    """A large table: its size and a Copy button (the Markdown), then a table view of its rows."""
 
     def __init__(self, segment: TableSegment, copy, parent=None) -> None:
         super().__init__(parent)
         self.header, self.label, self.copy_button = _header(self, copy)
-        self.table = QTableWidget()
+        self.model = TableModel(self)
+        self.table = QTableView()
+        self.table.setModel(self.model)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.setWordWrap(False)
         self.table.verticalHeader().setVisible(False)
@@ -219,26 +268,14 @@ class TableBlock(QFrame):
         layout.setSpacing(2)
         layout.addLayout(self.header)
         layout.addWidget(self.table)
-        self.shown: TableSegment | None = None
+        self.copy_button.setToolTip("Copy the table (Markdown)")
+        self.copy_button.setAccessibleName("Copy the table")
         self.show_segment(segment)
 
     def show_segment(self, segment: TableSegment) -> None:
         self.source = segment.source
-        previous = self.shown.rows if self.shown is not None else ()
-        if self.shown is None or segment.header != self.shown.header:
-            self.table.setColumnCount(len(segment.header))
-            self.table.setHorizontalHeaderLabels(list(segment.header))
-            previous = ()
-        self.table.setRowCount(len(segment.rows))
-        for row, cells in enumerate(segment.rows):
-            if row < len(previous) and previous[row] == cells:
-                continue  # a streaming table sets only its new and changed rows
-            for column, cell in enumerate(cells[: len(segment.header)]):
-                self.table.setItem(row, column, QTableWidgetItem(cell))
-        self.shown = segment
+        self.model.show_table(segment)
         self.label.setText(f"table · {len(segment.rows):,} rows")
-        self.copy_button.setToolTip("Copy the table (Markdown)")
-        self.copy_button.setAccessibleName("Copy the table")
         rows = min(TABLE_ROWS_SHOWN, len(segment.rows)) + 1
         self.table.setFixedHeight(rows * self.table.verticalHeader().defaultSectionSize() + 4)
 

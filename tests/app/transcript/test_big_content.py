@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from app.data.store import Message
 from app.tools.content_bench import cases, table
 from app.transcript import blocks
-from app.transcript.blocks import LONG_LINE_CHARS, PlainBlock, PlainTextBox, TableBlock, TextBlock
+from app.transcript.blocks import LONG_LINE_CHARS, PlainBlock, PlainTextBox, TableBlock, TableModel, TextBlock
 from app.transcript.markdown import (
     CHUNK_HTML_CHARS,
     LONG_CODE_CHARS,
@@ -139,16 +139,27 @@ def test_a_growing_box_appends_and_never_starts_over(qtbot, monkeypatch):
     assert cleared == [] and box.toPlainText() == "a\n" * 400 + "b\n" * 1000
 
 
-def test_a_streaming_table_sets_only_its_new_rows_and_copies_its_markdown(view, qtbot, md):
+def test_a_streaming_table_adds_only_its_new_rows_and_copies_its_markdown(view, qtbot, md):
     first, more = md.segments(table(30)), md.segments(table(32))
     block = TableBlock(first[0], view.copy)
     qtbot.addWidget(block)
-    set_cells = []
-    original = block.table.setItem
-    block.table.setItem = lambda row, column, item: set_cells.append(row) or original(row, column, item)
+    inserted, changed, reset = [], [], []
+    block.model.rowsInserted.connect(lambda _parent, start, end: inserted.append((start, end)))
+    block.model.dataChanged.connect(lambda top, bottom: changed.append((top.row(), bottom.row())))
+    block.model.modelReset.connect(lambda: reset.append(True))
     block.show_segment(more[0])
-    assert sorted(set(set_cells)) == [30, 31] and block.table.rowCount() == 32
-    assert block.table.item(31, 2).text() == "r31 c2 x"
+    assert inserted == [(30, 31)] and changed == [] and reset == []
+    assert block.model.rowCount() == 32 and block.model.index(31, 2).data() == "r31 c2 x"
+    assert block.model.headerData(2, Qt.Horizontal) == "col 2"
+    edited = md.segments(table(32).replace("r5 c1 **x**", "r5 c1 **y**"))
+    block.show_segment(edited[0])
+    assert changed == [(5, 5)] and block.model.index(5, 1).data() == "r5 c1 y"
     with qtbot.waitSignal(view.copied) as copied:
         qtbot.mouseClick(block.copy_button, Qt.LeftButton)
-    assert copied.args == [table(32)]
+    assert copied.args == [edited[0].source]
+
+
+def test_the_table_model_passes_qts_model_checks(qtmodeltester, md):
+    model = TableModel()
+    model.show_table(md.segments(table(40, columns=4))[0])
+    qtmodeltester.check(model, force_py=True)
