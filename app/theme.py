@@ -21,7 +21,7 @@ TABLE_BORDER = ("#cccccc", "#555555")
 BANNER = {"background": "#fdecea", "border": "#e0a39c", "text": "#5f2120"}  # the engine has stopped
 SERIES = {  # the panels' charts and plots
     "decode": "#3a7bd5", "prefill": "#e67e22", "kv_usage": "#8e44ad", "ttft": "#c0392b", "queue": "#5f6b7a",
-    "hit_rate": "#2eaa6a",
+    "hit_rate": "#2eaa6a", "token_gap": "#16a085",
 }
 BLOCKS = {"shared": "#8e44ad", "cached": "#2eaa6a", "free": "#9aa1aa", "unowned": "#6c7a89"}  # the KV pool
 # Chats' colours in the pool and the request list: none is the shared purple, the cached green or a grey.

@@ -43,6 +43,8 @@ class ChartSpec:
 
 CHARTS = (
     ChartSpec("Decode", RATE_SERIES["decode"].unit, (Line("decode", "decode", SERIES["decode"]),), floor=10.0),
+    ChartSpec(RATE_SERIES["token_gap"].name, RATE_SERIES["token_gap"].unit,
+              (Line("token_gap", "p99", SERIES["token_gap"]),), floor=50.0),
     ChartSpec("Prefill", RATE_SERIES["prefill"].unit, (Line("prefill", "prefill", SERIES["prefill"]),), floor=100.0),
     ChartSpec("KV cache in use", RATE_SERIES["kv_usage"].unit, (Line("kv_usage", "in use", SERIES["kv_usage"]),),
               floor=10.0, cap=100.0),

@@ -64,8 +64,8 @@ class EnginePanel(QWidget):
         page = QWidget()
         layout = QVBoxLayout(page)
         layout.setContentsMargins(2, 4, 6, 4)
-        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", "Prefill", "Requests", "Errors",
-                                               "Preemptions"]))
+        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", "Token gap", "Prefill", "Requests",
+                                               "Errors", "Preemptions"]))
         cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate"])
         self.pool = BlockPoolView()
         self.legend = PoolLegend()
@@ -147,6 +147,7 @@ class EnginePanel(QWidget):
             self._show_ttft(ttfts[-1][1] / 1000, median(self.history.values("ttft")) / 1000)
         self._set("Queue (median)", ms_text(s.queue_time_p50_s))
         self._set("Decode", f"{s.decode_tokens_per_s:.1f} tok/s")
+        self._set("Token gap", gap_text(s.inter_token_p99_s, s.inter_token_max_s))
         self._set("Prefill", f"{s.prefill_tokens_per_s:.0f} tok/s")
         self._set("Requests", f"{s.num_running} running, {s.num_waiting} waiting")
         self._set("Errors", errors_text(s.num_errors_total))
@@ -240,3 +241,10 @@ def _scrolled(widget: QWidget) -> QScrollArea:
     area.setFrameShape(QScrollArea.NoFrame)
     area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
     return area
+
+
+def gap_text(p99_s: float | None, worst_s: float | None) -> str:
+    """'p99 42 ms, worst 120 ms': the gaps between a reply's tokens over the last seconds ('–' with none)."""
+    if p99_s is None or worst_s is None:
+        return "–"
+    return f"p99 {p99_s * 1000:.0f} ms, worst {worst_s * 1000:.0f} ms"

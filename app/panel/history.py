@@ -26,6 +26,7 @@ class Series:
 
 RATE_SERIES = {
     "decode": Series("Decode", "tok/s", lambda s: s.decode_tokens_per_s),
+    "token_gap": Series("Gap between tokens, p99", "ms", lambda s: 1000.0 * (s.inter_token_p99_s or 0.0)),
     "prefill": Series("Prefill", "tok/s", lambda s: s.prefill_tokens_per_s),
     "kv_usage": Series("KV cache in use", "%", lambda s: 100.0 * s.kv_usage),
 }

@@ -31,6 +31,7 @@ from .outputs import RequestOutput
 from .prompt_encoder import Prompt, PromptEncoder
 from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
+from .step_pacer import CPU_TARGET_S, GPU_TARGET_S, StepPacer
 from .warmup import step_peak_bytes
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,16 @@ class Engine:
         # graphs pad their batches with rows that write to a block no sequence owns: one more than the budget
         reserved = 0 if self.graphs_problem else 1
         self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device, reserved)
+        target = config.step_latency_target_s or (GPU_TARGET_S if self.device.type == "cuda" else CPU_TARGET_S)
+        self.pacer = StepPacer(target)  # what steps cost on this model and device, learnt as they run
         self._new_scheduler()
         limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
 
     def _new_scheduler(self) -> None:
         self.block_manager = BlockManager(self.kv_cache.num_blocks, self.block_size, self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
+                                   self.pacer)
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -240,6 +244,7 @@ class Engine:
         """A snapshot of the cache, the queues, the counters and the model."""
         counts = self.block_manager.counts()
         prefill_rate, decode_rate = self.counters.rates()
+        gaps = self.counters.token_gaps()
         return EngineStats(
             block_size=self.block_size,
             kv_blocks_total=counts.total,
@@ -277,6 +282,8 @@ class Engine:
             cuda_graphs=self.runner.graphs.num_graphs if self.runner.graphs is not None else 0,
             cuda_graphs_reason=self._graphs_reason(),
             cuda_graph_memory_bytes=self._graph_memory_bytes(),
+            inter_token_p99_s=gaps[0],
+            inter_token_max_s=gaps[1],
         )
 
     def _snapshot(self, seq: Sequence) -> RequestSnapshot:
@@ -372,6 +379,10 @@ class Engine:
         outputs = self._append_tokens(done, sampled, end)
         decode = sum(1 for c in done.chunks if c.samples and c.start >= c.seq.num_prompt_tokens)
         self.counters.record_step(start, end, done.num_tokens - decode, len(sampled))
+        if not failed:
+            prompt = [(c.start, c.num_tokens) for c in scheduled.chunks if c.start < c.seq.num_prompt_tokens
+                      or c.num_tokens > 1]
+            self.pacer.observe(len(scheduled.chunks) - len(prompt), prompt, end - start)
         return outputs
 
     def _forward(self, chunks: list[Chunk]) -> tuple[list[int], list[tuple[Chunk, Exception]]]:
@@ -418,6 +429,8 @@ class Engine:
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.counters.record_first_token(now - seq.arrival_time, seq.first_scheduled_time - seq.arrival_time)
+        else:
+            self.counters.record_token_gap(now, now - seq.last_token_time)
         seq.last_token_time = now
         detok = self._detokenizers[seq.request_id]
         reason = self._finish_reason(seq, token, detok)

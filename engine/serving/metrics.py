@@ -12,6 +12,7 @@ from .sequence import Sequence
 RATE_WINDOW_S = 3.0  # tokens/s figures cover the last few seconds
 HIT_RATE_WINDOW = 64  # prefix hit rate and the queue-time median cover the last admitted requests
 FIRST_TOKENS_KEPT = 64  # a snapshot carries this many of the latest first tokens, for per-request plots
+GAP_WINDOW_S = 10.0  # the inter-token gap p99 covers the gaps of the last few seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,8 @@ class EngineStats:
     cuda_graphs: int = 0  # decode-step CUDA graphs captured so far (they are captured on first use)
     cuda_graphs_reason: str = ""  # why decode steps run eagerly; empty while they replay from graphs
     cuda_graph_memory_bytes: int = 0  # what the graphs' shared memory pool added on the device
+    inter_token_p99_s: float | None = None  # the gap between a reply's tokens, p99 over the last seconds
+    inter_token_max_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,7 @@ class EngineCounters:
         self._first_tokens: deque[FirstToken] = deque(maxlen=FIRST_TOKENS_KEPT)
         self._num_first_tokens = 0
         self._first_step_start: float | None = None
+        self._gaps: deque[tuple[float, float]] = deque()  # (when, gap since the reply's previous token)
 
     def record_admission(self, prompt_tokens: int, cached_tokens: int, queue_time_s: float) -> None:
         self.prompt_tokens_total += prompt_tokens
@@ -161,6 +165,19 @@ class EngineCounters:
     def record_first_token(self, ttft_s: float, queue_time_s: float) -> None:
         self._num_first_tokens += 1
         self._first_tokens.append(FirstToken(self._num_first_tokens, ttft_s, queue_time_s))
+
+    def record_token_gap(self, now: float, gap_s: float) -> None:
+        self._gaps.append((now, gap_s))
+        while self._gaps and self._gaps[0][0] < now - GAP_WINDOW_S:
+            self._gaps.popleft()
+
+    def token_gaps(self, now: float | None = None) -> tuple[float | None, float | None]:
+        """The p99 and the longest gap between two tokens of one reply in the last :data:`GAP_WINDOW_S`."""
+        now = time.perf_counter() if now is None else now
+        gaps = sorted(gap for when, gap in self._gaps if when >= now - GAP_WINDOW_S)
+        if not gaps:
+            return None, None
+        return gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))], gaps[-1]
 
     def record_error(self) -> None:
         self.errors_total += 1

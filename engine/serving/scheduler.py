@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .sequence import Sequence, Status
+from .step_pacer import Allowance, StepPacer
 
 
 @dataclass(slots=True)
@@ -41,16 +42,20 @@ class SchedulerOutput:
 class Scheduler:
     """First come, first served; decode and chunked prefill share one token budget per step.
 
-    Running requests are served first, oldest first. When the pool runs out of blocks, the newest running
-    request is preempted by recompute: its blocks are freed (hashed ones stay cached) and it goes back to
-    the front of the queue. Waiting requests are admitted while the budget, ``max_num_seqs`` and free
-    blocks allow, never jumping the queue.
+    Every decoding request gets its token first, oldest first; then prompt chunks, of running requests still
+    prefilling and then of waiting ones, within the budget and, while anything decodes, within the step's
+    :class:`~.step_pacer.Allowance` (so no reply stalls behind a long prompt). When the pool runs out of blocks
+    for a decode, the newest running request is preempted by recompute: its blocks are freed (hashed ones stay
+    cached) and it goes back to the front of the queue. Prompt chunks never preempt. Waiting requests are
+    admitted while the budget, ``max_num_seqs`` and free blocks allow, never jumping the queue.
     """
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 pacer: StepPacer | None = None) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.pacer = pacer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preempted_total = 0
@@ -65,9 +70,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks."""
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
-        if not out.preempted:
-            self._schedule_waiting(out, budget)
+        budget = self._schedule_decodes(out, self.max_num_batched_tokens)
+        if out.preempted:
+            return out
+        decoding = len(out.chunks)
+        allowance = self.pacer.allowance(decoding) if self.pacer else Allowance(0, 0, 0, unlimited=True)
+        budget = self._schedule_prefills(out, budget, allowance)
+        self._schedule_waiting(out, budget, allowance)
         return out
 
     def commit(self, out: SchedulerOutput) -> None:
@@ -91,20 +100,39 @@ class Scheduler:
 
     # -- internals ----------------------------------------------------------------------------------
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        """One token for every running request past its prompt, oldest first, preempting if blocks run out."""
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
-            allocated = self._allocate_or_preempt(seq, num_tokens, out)
+            if not _decoding(seq):
+                index += 1
+                continue
+            allocated = self._allocate_or_preempt(seq, 1, out)
             if allocated is None:
                 index += 1  # its allocation failed: the engine ends it, the others carry on
                 continue
             if not allocated:
                 break  # ``seq`` itself was the newest and has been preempted
+            out.chunks.append(Chunk(seq, seq.num_computed_tokens, 1))
+            budget -= 1
+            index += 1
+        return budget
+
+    def _schedule_prefills(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> int:
+        """The next prompt chunk of each running request still prefilling, as far as budget and allowance go."""
+        for seq in [s for s in self.running if not _decoding(s)]:
+            wanted = min(seq.num_uncomputed_tokens, budget)
+            num_tokens = allowance.take(seq.num_computed_tokens, wanted)
+            if num_tokens <= 0:
+                break
+            allocated = self._allocate(seq, seq.num_computed_tokens + num_tokens, out)
+            if not allocated:
+                if allocated is False:
+                    break  # no blocks left: the prompt waits for decodes to free some
+                continue
             out.chunks.append(Chunk(seq, seq.num_computed_tokens, num_tokens))
             budget -= num_tokens
-            index += 1
         return budget
 
     def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool | None:
@@ -138,12 +166,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preempted_total += 1
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
                 self._reuse_cached_prefix(seq)
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_tokens = allowance.take(seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
+            if num_tokens <= 0:
+                break
             allocated = self._allocate(seq, seq.num_computed_tokens + num_tokens, out)
             if not allocated:
                 if allocated is False:
@@ -167,3 +197,8 @@ class Scheduler:
         self.block_manager.free(seq.block_table)
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+
+
+def _decoding(seq: Sequence) -> bool:
+    """Past its prompt: each step gives it one token (a request preempted mid-reply prefills again first)."""
+    return seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens

@@ -151,6 +151,14 @@ def test_queue_time_and_errors_are_shown(panel):
     assert panel.labels["Queue (median)"].text() == "–" and panel.labels["Errors"].text() == "none since start"
 
 
+def test_the_gap_between_tokens_is_shown_and_charted(panel):
+    panel.update_stats(fake_stats(inter_token_p99_s=0.0421, inter_token_max_s=0.1204))
+    assert panel.labels["Token gap"].text() == "p99 42 ms, worst 120 ms"
+    assert panel.history.values("token_gap") == [pytest.approx(42.1)]
+    panel.update_stats(fake_stats())
+    assert panel.labels["Token gap"].text() == "–"
+
+
 def test_ttft_comes_from_every_request_and_a_stale_snapshot_does_not_undo_a_live_one(panel, clock):
     panel.update_stats(fake_stats(first_tokens=(FirstToken(1, 0.100, 0.0), FirstToken(2, 0.300, 0.0))))
     assert panel.labels[TTFT].text() == "300 / 200 ms"  # e.g. a request from outside the window

@@ -1,0 +1,109 @@
+"""Stall-free batching: how much prompt work a step may take beside the replies being written. Pure Python.
+
+A step that prefills a whole 2,000-token prompt stops every running reply for as long as it takes (7.6 s on a
+2-core CPU). So while anything decodes, each step's prompt chunks are sized to keep the step within a latency
+target, from the engine's own recent steps: a decode-only step costs ``base + per_row * rows``, and prompt work
+adds ``per_token * n + per_context * n * (start + n / 2)`` for a chunk of ``n`` tokens starting at ``start``
+(each token attends to everything before it, so later chunks cost more). Both are fitted by recursive least
+squares with forgetting, so the model follows a machine that gets busier or quieter. With nothing decoding, a
+step takes the whole token budget: nobody is waiting on a gap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+CPU_TARGET_S = 0.150
+GPU_TARGET_S = 0.050
+FORGETTING = 0.97  # each older step counts this much less: about the last 30 steps matter
+MIN_CHUNK = 16  # prompt tokens a step always takes, so a prompt moves on even beside a slow decode
+
+
+class LeastSquares:
+    """Recursive least squares with forgetting: ``y ~ theta . x`` for a few features, fitted one sample at a time."""
+
+    def __init__(self, prior: list[float], confidence: float = 1e3) -> None:
+        self.theta = list(prior)
+        size = len(prior)
+        self._p = [[confidence if i == j else 0.0 for j in range(size)] for i in range(size)]
+        self.samples = 0
+
+    def predict(self, x: list[float]) -> float:
+        return sum(t * v for t, v in zip(self.theta, x, strict=True))
+
+    def observe(self, x: list[float], y: float) -> None:
+        px = [sum(row[j] * x[j] for j in range(len(x))) for row in self._p]
+        gain_denominator = FORGETTING + sum(x[i] * px[i] for i in range(len(x)))
+        gain = [v / gain_denominator for v in px]
+        error = y - self.predict(x)
+        # a cost is never negative (a fit that says so would hand out unbounded chunks)
+        self.theta = [max(0.0, t + g * error) for t, g in zip(self.theta, gain, strict=True)]
+        xp = [sum(x[i] * self._p[i][j] for i in range(len(x))) for j in range(len(x))]
+        self._p = [[(self._p[i][j] - gain[i] * xp[j]) / FORGETTING for j in range(len(x))] for i in range(len(x))]
+        self.samples += 1
+
+
+def prompt_features(chunks: list[tuple[int, int]]) -> list[float]:
+    """``[tokens, tokens x the context they attend to]`` of prompt chunks given as ``(start, tokens)``."""
+    return [float(sum(n for _, n in chunks)), float(sum(n * (start + n / 2) for start, n in chunks))]
+
+
+@dataclass(slots=True)
+class Allowance:
+    """What one step may still spend on prompt work, in seconds; unlimited when nothing decodes."""
+
+    seconds: float
+    per_token: float
+    per_context: float
+    unlimited: bool = False
+    taken: list[tuple[int, int]] = field(default_factory=list)
+
+    def take(self, start: int, wanted: int) -> int:
+        """How many of ``wanted`` prompt tokens from position ``start`` fit; they are counted as spent."""
+        if self.unlimited or wanted <= 0:
+            return max(wanted, 0)
+        fits = self._fits(start)
+        granted = min(wanted, max(fits, MIN_CHUNK if not self.taken else 0))
+        if granted:
+            self.seconds -= self.per_token * granted + self.per_context * granted * (start + granted / 2)
+            self.taken.append((start, granted))
+        return granted
+
+    def _fits(self, start: int) -> int:
+        """The largest ``n`` with ``per_token * n + per_context * n * (start + n / 2) <= seconds``."""
+        if self.seconds <= 0:
+            return 0
+        linear = self.per_token + self.per_context * start
+        if self.per_context <= 0:
+            return int(self.seconds / linear) if linear > 0 else 1 << 30
+        half = self.per_context / 2
+        return int((-linear + math.sqrt(linear * linear + 4 * half * self.seconds)) / (2 * half))
+
+
+class StepPacer:
+    """Learns what steps cost and hands each step its :class:`Allowance` for prompt work."""
+
+    def __init__(self, target_s: float) -> None:
+        if not target_s > 0:
+            raise ValueError("the step latency target must be a positive number of seconds")
+        self.target_s = target_s
+        self.decode = LeastSquares([0.0, 0.0])  # [1, rows]
+        self.prompt = LeastSquares([1e-3, 0.0])  # [tokens, tokens x context]: a guess until the first prompt step
+
+    def allowance(self, decode_rows: int) -> Allowance:
+        """The prompt work one step may take beside ``decode_rows`` decoding replies."""
+        per_token, per_context = self.prompt.theta
+        if decode_rows == 0:
+            return Allowance(math.inf, per_token, per_context, unlimited=True)
+        left = self.target_s - self.decode.predict([1.0, float(decode_rows)])
+        return Allowance(left, per_token, per_context)
+
+    def observe(self, decode_rows: int, prompt_chunks: list[tuple[int, int]], seconds: float) -> None:
+        """Learn from one finished step: its decode rows, its prompt chunks as ``(start, tokens)``, its time."""
+        rows = [1.0, float(decode_rows)]
+        if not prompt_chunks:
+            self.decode.observe(rows, seconds)
+            return
+        decode_part = self.decode.predict(rows) if decode_rows and self.decode.samples else 0.0
+        self.prompt.observe(prompt_features(prompt_chunks), max(0.0, seconds - decode_part))
