@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.05
 SHUTDOWN_MESSAGE = "the engine has shut down"
 ENCODER_THREADS = 2
+SHUTDOWN_TIMEOUT_S = 5.0  # the step under way finishes first; past this the thread (a daemon) is left to end
 
 
 class RequestStream:
@@ -203,7 +204,7 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._stopping = True
             self._commands.put(("stop", None))
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=SHUTDOWN_TIMEOUT_S)
         self._end_streams(SHUTDOWN_MESSAGE)
 
     # -- the encoder pool ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
@@ -231,11 +232,12 @@ def cmd_serve(args) -> int:
               "Ctrl-C stops.", file=sys.stderr, flush=True)
         server.wait()
     except KeyboardInterrupt:
-        print("stopping", file=sys.stderr)
+        print("stopping (Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     finally:
-        server.stop()
-        if serving:
+        if serving:  # the engine first: it ends every open stream, so the server has none left to wait for
             serving[0].shutdown()
+        server.stop()
     return 0
 
 

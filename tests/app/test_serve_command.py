@@ -57,3 +57,30 @@ def test_serve_prints_its_url_serves_and_stops_on_ctrl_c_without_qt(tiny_llama):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_with_a_reply_streaming_ends_the_stream_and_the_process(tiny_llama):
+    """The engine stops first and ends every open stream, so the server has nothing to wait for; the client sees
+    its stream end rather than hang. Waits on the stream and the process (generous guards), never on the clock."""
+    import http.client
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["serve", "--port", "0", "--model", str(tiny_llama), "--device", "cpu", "--kv-blocks", "64"]
+    process = subprocess.Popen([sys.executable, "-c", ENTRY, *args], env=env, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        url = process.stdout.readline().split(" at ")[-1].strip()
+        host, port = url.removeprefix("http://").removesuffix("/v1").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        body = {"model": "llama", "prompt": "Once", "max_tokens": 240, "stream": True}
+        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.readline().startswith(b"data: ")
+        process.send_signal(signal.SIGINT)
+        response.read()  # returns once the server has ended the stream
+        assert process.wait(timeout=120) == 0
+        assert "stopping (Ctrl-C again to stop at once)" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
