@@ -8,8 +8,9 @@ opens on it. The remote servers' models follow the local ones; while the chat on
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QWidget
 
 from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
 
@@ -72,16 +73,20 @@ class ModelBar(QWidget):
         self.quant_box.addItems(QUANTIZATIONS)
         self.quant_box.setToolTip("Quantisation. " + AUTO_QUANTIZATION_RULE)
         self.quant_box.setAccessibleName("Quantisation")
-        self.progress = QProgressBar(maximumWidth=260, textVisible=True)
+        self.progress = QProgressBar(textVisible=True)
+        self.progress.setFixedWidth(120)
+        self.progress.setFormat("%p%")
         self.progress.setAccessibleName("Model loading")
         self.progress.hide()
+        self.phase = ElidedLabel()  # what the load is doing, beside the bar: a bar's own text is cut to its width
+        self.phase.hide()
         self.device_label = QLabel("loading…")
         self.device_label.setObjectName("deviceLabel")
         self.panel_button = QPushButton("Engine panel", checkable=True, checked=True)
         self.panel_button.setToolTip("Show or hide the live engine panel (Ctrl+J)")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 0)
-        for widget in (QLabel("Model"), self.model_box, self.quant_box, self.progress):
+        for widget in (QLabel("Model"), self.model_box, self.quant_box, self.progress, self.phase):
             layout.addWidget(widget)
         layout.addStretch(1)
         layout.addWidget(self.device_label)
@@ -152,16 +157,22 @@ class ModelBar(QWidget):
             return
         config = EngineConfig(model=self.model_box.currentData(), quantization=self.quant_box.currentText(),
                               device=self.settings["device"])
-        self.progress.show()
+        self._show_progress(True)
         self.switch_requested.emit(config)
 
+    def _show_progress(self, shown: bool) -> None:
+        self.progress.setVisible(shown)
+        self.phase.setVisible(shown)
+
     def _progress(self, fraction: float, phrase: str) -> None:
-        self.progress.show()
+        self._show_progress(True)
         self.progress.setValue(int(fraction * 100))
-        self.progress.setFormat(f"{phrase} %p%")
+        self.phase.setText(phrase)
+        self.phase.setToolTip(phrase)
+        self.progress.setAccessibleDescription(phrase)
 
     def _loaded(self, stats: EngineStats) -> None:
-        self.progress.hide()
+        self._show_progress(False)
         config = self.bridge.config
         if config is not None:
             self.serving = (config.model, config.quantization)
@@ -173,14 +184,14 @@ class ModelBar(QWidget):
         self._stats(stats)
 
     def _load_failed(self, message: str) -> None:
-        self.progress.hide()
+        self._show_progress(False)
         if self.bridge.serving:
             self.show_serving()  # the previous model keeps serving, and the pickers say so
         elif self.remote_shown is None:
             self.device_label.setText("no model loaded")
 
     def _engine_failed(self, reason: str) -> None:
-        self.progress.hide()
+        self._show_progress(False)
         if self.remote_shown is None:
             self.device_label.setText("engine stopped")
 
@@ -188,3 +199,23 @@ class ModelBar(QWidget):
         if self.remote_shown is not None:
             return  # the label says where the chat on screen runs
         self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")
+
+
+class ElidedLabel(QLabel):
+    """One line of plain text that ends in "…" where the bar is too narrow for it, rather than being cut."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setTextFormat(Qt.PlainText)
+        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance(self.text()) + 4, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance("building…"), super().minimumSizeHint().height())
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        shown = self.fontMetrics().elidedText(self.text(), Qt.ElideRight, self.contentsRect().width())
+        painter.drawText(self.contentsRect(), int(Qt.AlignVCenter | Qt.AlignLeft), shown)

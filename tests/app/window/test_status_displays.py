@@ -90,10 +90,11 @@ def test_the_load_progress_shows_the_phase_and_hides_when_loaded(window):
     window.bridge.load_progress.emit(0.0, "Reading the model file")
     assert bar.isVisible() and bar.value() == 0
     window.bridge.load_progress.emit(0.42, "Packing weights")
-    assert bar.value() == 42 and bar.text() == "Packing weights 42%"
-    assert bar.accessibleName() == "Model loading"
+    assert bar.value() == 42 and bar.text() == "42%" and window.model_bar.phase.text() == "Packing weights"
+    assert bar.accessibleName() == "Model loading" and bar.accessibleDescription() == "Packing weights"
+    assert window.model_bar.phase.isVisible()
     window.bridge.loaded.emit(fake_stats())
-    assert not bar.isVisible()
+    assert not bar.isVisible() and not window.model_bar.phase.isVisible()
     window.bridge.load_progress.emit(0.5, "Packing weights")
     window.bridge.fail_load("out of memory")
     assert not bar.isVisible() and window.model_bar.device_label.text() == "no model loaded"
