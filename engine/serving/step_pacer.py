@@ -27,6 +27,7 @@ class LeastSquares:
         self.theta = list(prior)
         size = len(prior)
         self._p = [[confidence if i == j else 0.0 for j in range(size)] for i in range(size)]
+        self._max_trace = confidence * size  # forgetting inflates P where steps do not vary; this bounds it
         self.samples = 0
 
     def predict(self, x: list[float]) -> float:
@@ -41,12 +42,18 @@ class LeastSquares:
         self.theta = [max(0.0, t + g * error) for t, g in zip(self.theta, gain, strict=True)]
         xp = [sum(x[i] * self._p[i][j] for i in range(len(x))) for j in range(len(x))]
         self._p = [[(self._p[i][j] - gain[i] * xp[j]) / FORGETTING for j in range(len(x))] for i in range(len(x))]
+        trace = sum(self._p[i][i] for i in range(len(x)))
+        if trace > self._max_trace:  # without this the fit winds up and diverges when every step looks the same
+            self._p = [[v * self._max_trace / trace for v in row] for row in self._p]
         self.samples += 1
 
 
+CONTEXT_UNIT = 1000.0  # token pairs per unit of the context feature, so both features have like sizes
+
+
 def prompt_features(chunks: list[tuple[int, int]]) -> list[float]:
-    """``[tokens, tokens x the context they attend to]`` of prompt chunks given as ``(start, tokens)``."""
-    return [float(sum(n for _, n in chunks)), float(sum(n * (start + n / 2) for start, n in chunks))]
+    """``[tokens, tokens x the context they attend to / CONTEXT_UNIT]`` of chunks given as ``(start, tokens)``."""
+    return [float(sum(n for _, n in chunks)), sum(n * (start + n / 2) for start, n in chunks) / CONTEXT_UNIT]
 
 
 @dataclass(slots=True)
@@ -93,7 +100,7 @@ class StepPacer:
 
     def allowance(self, decode_rows: int) -> Allowance:
         """The prompt work one step may take beside ``decode_rows`` decoding replies."""
-        per_token, per_context = self.prompt.theta
+        per_token, per_context = self.prompt.theta[0], self.prompt.theta[1] / CONTEXT_UNIT
         if decode_rows == 0:
             return Allowance(math.inf, per_token, per_context, unlimited=True)
         left = self.target_s - self.decode.predict([1.0, float(decode_rows)])

@@ -8,7 +8,7 @@ import pytest
 from engine import EngineConfig
 from engine.serving.block_manager import BlockManager
 from engine.serving.scheduler import Scheduler
-from engine.serving.step_pacer import MIN_CHUNK, StepPacer, prompt_features
+from engine.serving.step_pacer import CONTEXT_UNIT, MIN_CHUNK, StepPacer
 from tests.engine.test_scheduler import make_seq, run_step
 
 # A made-up machine: a decode step costs 10 ms + 2 ms a row; prompt work 1 ms a token + 1 us per token of context
@@ -16,7 +16,8 @@ BASE, PER_ROW, PER_TOKEN, PER_CONTEXT = 0.010, 0.002, 0.001, 0.000001
 
 
 def step_time(rows: int, chunks: list[tuple[int, int]]) -> float:
-    tokens, context = prompt_features(chunks)
+    tokens = sum(n for _, n in chunks)
+    context = sum(n * (start + n / 2) for start, n in chunks)
     return BASE + PER_ROW * rows + PER_TOKEN * tokens + PER_CONTEXT * context
 
 
@@ -34,7 +35,7 @@ def trained(target_s: float = 0.150) -> StepPacer:
 def test_the_fit_recovers_the_machines_costs():
     pacer = trained()
     assert pacer.decode.theta == pytest.approx([BASE, PER_ROW], rel=0.02)
-    assert pacer.prompt.theta == pytest.approx([PER_TOKEN, PER_CONTEXT], rel=0.05)
+    assert pacer.prompt.theta == pytest.approx([PER_TOKEN, PER_CONTEXT * CONTEXT_UNIT], rel=0.05)
 
 
 @pytest.mark.parametrize("start", [0, 1000, 4000])
@@ -59,6 +60,15 @@ def test_a_prompt_still_moves_when_the_decodes_alone_pass_the_target():
     pacer = trained(target_s=0.005)  # less than a decode step
     allowance = pacer.allowance(decode_rows=8)
     assert allowance.take(0, 2048) == MIN_CHUNK and allowance.take(MIN_CHUNK, 2048) == 0
+
+
+def test_the_fit_stays_sane_when_every_step_looks_the_same():
+    pacer = StepPacer(0.150)
+    for _ in range(2000):  # 64 rows every step, the same small prompt chunk: nothing to tell the costs apart
+        pacer.observe(64, [], step_time(64, []))
+        pacer.observe(64, [(40, 8)], step_time(64, [(40, 8)]))
+    assert pacer.decode.predict([1.0, 64.0]) == pytest.approx(step_time(64, []), rel=0.05)
+    assert 0 < pacer.allowance(64).take(40, 10_000) < 10_000
 
 
 def test_the_pacer_follows_a_machine_that_gets_slower():
