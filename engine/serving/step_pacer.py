@@ -4,48 +4,55 @@ A step that prefills a whole 2,000-token prompt stops every running reply for as
 2-core CPU). So while anything decodes, each step's prompt chunks are sized to keep the step within a latency
 target, from the engine's own recent steps: a decode-only step costs ``base + per_row * rows``, and prompt work
 adds ``per_token * n + per_context * n * (start + n / 2)`` for a chunk of ``n`` tokens starting at ``start``
-(each token attends to everything before it, so later chunks cost more). Both are fitted by recursive least
-squares with forgetting, so the model follows a machine that gets busier or quieter. With nothing decoding, a
+(each token attends to everything before it, so later chunks cost more). Both are fitted by least squares to
+the last steps, so the model follows a machine that gets busier or quieter. With nothing decoding, a
 step takes the whole token budget: nobody is waiting on a gap.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 CPU_TARGET_S = 0.150
 GPU_TARGET_S = 0.050
-FORGETTING = 0.97  # each older step counts this much less: about the last 30 steps matter
+WINDOW = 64  # the steps a cost is fitted to
 MIN_CHUNK = 16  # prompt tokens a step always takes, so a prompt moves on even beside a slow decode
 
 
 class LeastSquares:
-    """Recursive least squares with forgetting: ``y ~ theta . x`` for a few features, fitted one sample at a time."""
+    """``y ~ a * x0 + b * x1``, fitted to the last :data:`WINDOW` samples in closed form: a machine that gets busier
+    or quieter is followed within a window. Costs are never negative: where the two-term fit says so (the samples
+    cannot tell the terms apart: every step alike), it falls back to the first term alone."""
 
-    def __init__(self, prior: list[float], confidence: float = 1e3) -> None:
+    def __init__(self, prior: list[float]) -> None:
         self.theta = list(prior)
-        size = len(prior)
-        self._p = [[confidence if i == j else 0.0 for j in range(size)] for i in range(size)]
-        self._max_trace = confidence * size  # forgetting inflates P where steps do not vary; this bounds it
-        self.samples = 0
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
+
+    @property
+    def samples(self) -> int:
+        return len(self._samples)
 
     def predict(self, x: list[float]) -> float:
-        return sum(t * v for t, v in zip(self.theta, x, strict=True))
+        return self.theta[0] * x[0] + self.theta[1] * x[1]
 
     def observe(self, x: list[float], y: float) -> None:
-        px = [sum(row[j] * x[j] for j in range(len(x))) for row in self._p]
-        gain_denominator = FORGETTING + sum(x[i] * px[i] for i in range(len(x)))
-        gain = [v / gain_denominator for v in px]
-        error = y - self.predict(x)
-        # a cost is never negative (a fit that says so would hand out unbounded chunks)
-        self.theta = [max(0.0, t + g * error) for t, g in zip(self.theta, gain, strict=True)]
-        xp = [sum(x[i] * self._p[i][j] for i in range(len(x))) for j in range(len(x))]
-        self._p = [[(self._p[i][j] - gain[i] * xp[j]) / FORGETTING for j in range(len(x))] for i in range(len(x))]
-        trace = sum(self._p[i][i] for i in range(len(x)))
-        if trace > self._max_trace:  # without this the fit winds up and diverges when every step looks the same
-            self._p = [[v * self._max_trace / trace for v in row] for row in self._p]
-        self.samples += 1
+        self._samples.append((x[0], x[1], y))
+        self.theta = self._fit() or self.theta
+
+    def _fit(self) -> list[float] | None:
+        s00 = sum(a * a for a, _, _ in self._samples)
+        s01 = sum(a * b for a, b, _ in self._samples)
+        s11 = sum(b * b for _, b, _ in self._samples)
+        s0y = sum(a * y for a, _, y in self._samples)
+        s1y = sum(b * y for _, b, y in self._samples)
+        det = s00 * s11 - s01 * s01
+        if det > 1e-9 * max(s00 * s11, 1e-300):
+            a, b = (s0y * s11 - s1y * s01) / det, (s1y * s00 - s0y * s01) / det
+            if a >= 0 and b >= 0:
+                return [a, b]
+        return [max(0.0, s0y / s00), 0.0] if s00 > 0 else None
 
 
 CONTEXT_UNIT = 1000.0  # token pairs per unit of the context feature, so both features have like sizes

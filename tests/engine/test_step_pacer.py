@@ -2,6 +2,7 @@
 step beside decoding replies stays within the latency target; with nothing decoding a prompt takes the budget."""
 
 import math
+import random
 
 import pytest
 
@@ -62,13 +63,19 @@ def test_a_prompt_still_moves_when_the_decodes_alone_pass_the_target():
     assert allowance.take(0, 2048) == MIN_CHUNK and allowance.take(MIN_CHUNK, 2048) == 0
 
 
-def test_the_fit_stays_sane_when_every_step_looks_the_same():
+def test_the_fit_stays_sane_when_the_steps_barely_differ():
+    """60 to 64 rows, noisy times, short chunks: the terms can't be told apart. A recursive fit with forgetting
+    went to 1e206 s a step here; the windowed one falls back to what it can tell."""
+    rng = random.Random(3)
     pacer = StepPacer(0.150)
-    for _ in range(2000):  # 64 rows every step, the same small prompt chunk: nothing to tell the costs apart
-        pacer.observe(64, [], step_time(64, []))
-        pacer.observe(64, [(40, 8)], step_time(64, [(40, 8)]))
-    assert pacer.decode.predict([1.0, 64.0]) == pytest.approx(step_time(64, []), rel=0.05)
-    assert 0 < pacer.allowance(64).take(40, 10_000) < 10_000
+    for i in range(3000):
+        rows = rng.choice([60, 62, 64])
+        pacer.observe(rows, [], step_time(rows, []) * rng.uniform(0.7, 1.3))
+        if i % 3 == 0:
+            chunks = [(rng.randrange(0, 200), rng.randrange(1, 40))]
+            pacer.observe(rows, chunks, step_time(rows, chunks) * rng.uniform(0.7, 1.3))
+    assert pacer.decode.predict([1.0, 64.0]) == pytest.approx(step_time(64, []), rel=0.1)
+    assert MIN_CHUNK <= pacer.allowance(48).take(100, 10_000) < 10_000
 
 
 def test_the_pacer_follows_a_machine_that_gets_slower():
