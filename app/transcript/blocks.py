@@ -8,7 +8,7 @@ piece per turn of the event loop, and a table widget, so no block keeps the wind
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QFontDatabase, QPalette, QTextCursor
+from PySide6.QtGui import QDesktopServices, QFontDatabase, QPalette, QTextCursor, QTextDocumentFragment
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
@@ -55,8 +55,6 @@ class TextBlock(QLabel):
             self.setText(piece)
 
     def plain_text(self) -> str:
-        from PySide6.QtGui import QTextDocumentFragment
-
         return QTextDocumentFragment.fromHtml(self.text()).toPlainText() if self.textFormat() == Qt.RichText \
             else self.text()
 

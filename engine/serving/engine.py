@@ -380,8 +380,7 @@ class Engine:
         decode = sum(1 for c in done.chunks if c.samples and c.start >= c.seq.num_prompt_tokens)
         self.counters.record_step(start, end, done.num_tokens - decode, len(sampled))
         if not failed:
-            prompt = [(c.start, c.num_tokens) for c in scheduled.chunks if c.start < c.seq.num_prompt_tokens
-                      or c.num_tokens > 1]
+            prompt = [(c.start, c.num_tokens) for c in scheduled.chunks if not c.is_decode]
             self.pacer.observe(len(scheduled.chunks) - len(prompt), prompt, end - start)
         return outputs
 

@@ -23,6 +23,11 @@ class Chunk:
         return self.start + self.num_tokens
 
     @property
+    def is_decode(self) -> bool:
+        """One token past the prompt: a reply being written (prompt work is everything else)."""
+        return self.num_tokens == 1 and self.start >= self.seq.num_prompt_tokens
+
+    @property
     def samples(self) -> bool:
         """True when this chunk reaches the sequence's last token, so the step samples the next one."""
         return self.end == self.seq.num_tokens

@@ -24,7 +24,6 @@ from app.transcript.markdown import (
     TableSegment,
 )
 from app.transcript.render_worker import SYNC_RENDER_CHARS
-from app.transcript.view import ChatView
 
 PROSE = cases()["prose_100kB"]
 
@@ -32,15 +31,6 @@ PROSE = cases()["prose_100kB"]
 @pytest.fixture
 def md():
     return MarkdownRenderer()
-
-
-@pytest.fixture
-def view(qtbot):
-    view = ChatView()
-    qtbot.addWidget(view)
-    view.resize(900, 700)
-    view.show()
-    return view
 
 
 def reply(text: str, role: str = "assistant") -> list[Message]:

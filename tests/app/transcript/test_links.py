@@ -18,15 +18,6 @@ HOSTILE = {
 
 
 @pytest.fixture
-def view(qtbot):
-    v = ChatView()
-    qtbot.addWidget(v)
-    v.resize(700, 500)
-    v.show()
-    return v
-
-
-@pytest.fixture
 def opened(monkeypatch):
     urls = []
     monkeypatch.setattr("app.transcript.blocks.QDesktopServices.openUrl", lambda url: urls.append(url.toString()))
