@@ -36,6 +36,7 @@ from .kv_blocks import COLORS, BlockPoolView, PoolLegend, conversation_color
 from .request_table import RequestRow, RequestTableModel
 
 TTFT = "TTFT (last / median)"
+GAP = "Gap p99 / max"  # between two tokens of one reply
 GPU_ROWS = ("GPU memory", "GPU load")
 REQUEST_ROWS_SHOWN = 8  # the list grows to this many rows (four requests), then scrolls
 
@@ -64,7 +65,7 @@ class EnginePanel(QWidget):
         page = QWidget()
         layout = QVBoxLayout(page)
         layout.setContentsMargins(2, 4, 6, 4)
-        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", "Token gap", "Prefill", "Requests",
+        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", GAP, "Prefill", "Requests",
                                                "Errors", "Preemptions"]))
         cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate"])
         self.pool = BlockPoolView()
@@ -147,7 +148,7 @@ class EnginePanel(QWidget):
             self._show_ttft(ttfts[-1][1] / 1000, median(self.history.values("ttft")) / 1000)
         self._set("Queue (median)", ms_text(s.queue_time_p50_s))
         self._set("Decode", f"{s.decode_tokens_per_s:.1f} tok/s")
-        self._set("Token gap", gap_text(s.inter_token_p99_s, s.inter_token_max_s))
+        self._set(GAP, gap_text(s.inter_token_p99_s, s.inter_token_max_s))
         self._set("Prefill", f"{s.prefill_tokens_per_s:.0f} tok/s")
         self._set("Requests", f"{s.num_running} running, {s.num_waiting} waiting")
         self._set("Errors", errors_text(s.num_errors_total))
@@ -244,7 +245,7 @@ def _scrolled(widget: QWidget) -> QScrollArea:
 
 
 def gap_text(p99_s: float | None, worst_s: float | None) -> str:
-    """'p99 42 ms, worst 120 ms': the gaps between a reply's tokens over the last seconds ('–' with none)."""
+    """'42 / 120 ms' (p99 / worst): the gaps between a reply's tokens over the last seconds ('–' with none)."""
     if p99_s is None or worst_s is None:
         return "–"
-    return f"p99 {p99_s * 1000:.0f} ms, worst {worst_s * 1000:.0f} ms"
+    return f"{p99_s * 1000:.0f} / {worst_s * 1000:.0f} ms"
