@@ -12,88 +12,49 @@ This module is the engine's only door: the app and the checks import from ``engi
 
 from importlib import import_module
 
-from .api.config import API_SOURCE, ApiConfig, ApiConfigError
-from .api.config import DEFAULT_HOST as DEFAULT_API_HOST
-from .api.config import DEFAULT_PORT as DEFAULT_API_PORT
-from .config import AUTO_QUANTIZATION_RULE, DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
-from .errors import (
-    DownloadCancelled,
-    EngineDeadError,
-    EngineError,
-    HubError,
-    LibraryError,
-    ModelLoadError,
-    PromptTooLong,
-    UnsupportedModelError,
-)
-from .models.fit import FitEstimate
-from .models.fit import estimate as estimate_fit
-from .models.hub_download import DownloadProgress, HubDownload
-from .models.hub_fit import HubFit
-from .models.hub_fit import fit_options as fit_hub_options
-from .models.hub_search import HubModel, HubOption, HubRepo
-from .models.hub_search import repo_options as hub_repo_options
-from .models.hub_search import search_models as search_hub
-from .models.library import LibraryEntry, ModelLibrary, data_dir
-from .models.sources import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
-from .sampling_params import CHAT_SAMPLING, SamplingParams
-from .serving.async_engine import AsyncEngine
-from .serving.engine import Engine
-from .serving.metrics import EngineStats, FirstToken, GpuUsage, RequestMetrics, RequestSnapshot
-from .serving.outputs import RequestOutput
+# name -> the module that defines it; each is imported on first use, so that a process that needs one small part
+# (a chat template worker, the command line's --help) does not pay for torch and transformers
+_EXPORTS = {
+    ".api.config": ("API_SOURCE", "ApiConfig", "ApiConfigError"),
+    ".api.service": ("ApiServer", "ServerStartError"),
+    ".config": ("AUTO_QUANTIZATION_RULE", "DTYPES", "QUANTIZATIONS", "WEIGHT_MODES", "EngineConfig"),
+    ".errors": ("DownloadCancelled", "EngineDeadError", "EngineError", "HubError", "LibraryError",
+                "ModelLoadError", "PromptTooLong", "UnsupportedModelError"),
+    ".models.fit": ("FitEstimate",),
+    ".models.hub_download": ("DownloadProgress", "HubDownload"),
+    ".models.hub_fit": ("HubFit",),
+    ".models.hub_search": ("HubModel", "HubOption", "HubRepo"),
+    ".models.library": ("LibraryEntry", "ModelLibrary", "data_dir"),
+    ".models.sources": ("DEFAULT_MODEL_NAME", "DEFAULT_MODEL_PACKAGE"),
+    ".sampling_params": ("CHAT_SAMPLING", "SamplingParams"),
+    ".serving.async_engine": ("AsyncEngine",),
+    ".serving.engine": ("Engine",),
+    ".serving.metrics": ("EngineStats", "FirstToken", "GpuUsage", "RequestMetrics", "RequestSnapshot"),
+    ".serving.outputs": ("RequestOutput",),
+}
+# exported under another name: public name -> (module, its name there)
+_RENAMED = {
+    "DEFAULT_API_HOST": (".api.config", "DEFAULT_HOST"),
+    "DEFAULT_API_PORT": (".api.config", "DEFAULT_PORT"),
+    "estimate_fit": (".models.fit", "estimate"),
+    "fit_hub_options": (".models.hub_fit", "fit_options"),
+    "hub_repo_options": (".models.hub_search", "repo_options"),
+    "search_hub": (".models.hub_search", "search_models"),
+}
+_WHERE = {name: (module, name) for module, names in _EXPORTS.items() for name in names} | _RENAMED
 
-__all__ = [
-    "API_SOURCE",
-    "AUTO_QUANTIZATION_RULE",
-    "DEFAULT_MODEL_NAME",
-    "DEFAULT_MODEL_PACKAGE",
-    "DTYPES",
-    "QUANTIZATIONS",
-    "ApiConfig",
-    "ApiConfigError",
-    "ApiServer",
-    "AsyncEngine",
-    "DEFAULT_API_HOST",
-    "DEFAULT_API_PORT",
-    "DownloadCancelled",
-    "DownloadProgress",
-    "Engine",
-    "EngineConfig",
-    "EngineDeadError",
-    "EngineError",
-    "EngineStats",
-    "FirstToken",
-    "FitEstimate",
-    "GpuUsage",
-    "HubDownload",
-    "HubError",
-    "HubFit",
-    "HubModel",
-    "HubOption",
-    "HubRepo",
-    "LibraryEntry",
-    "LibraryError",
-    "ModelLibrary",
-    "ModelLoadError",
-    "PromptTooLong",
-    "RequestMetrics",
-    "RequestOutput",
-    "RequestSnapshot",
-    "SamplingParams",
-    "CHAT_SAMPLING",
-    "ServerStartError",
-    "UnsupportedModelError",
-    "WEIGHT_MODES",
-    "data_dir",
-    "estimate_fit",
-    "fit_hub_options",
-    "hub_repo_options",
-    "search_hub",
-]
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
-    """The API server's classes, imported on first use (they need Starlette and uvicorn)."""
-    if name in ("ApiServer", "ServerStartError"):
-        return getattr(import_module(".api.service", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """An exported name, imported from its module on first use and kept."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _WHERE[name]
+    value = getattr(import_module(module, __name__), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

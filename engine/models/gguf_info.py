@@ -23,12 +23,9 @@ _STRING, _ARRAY = 8, 9
 MAX_DIMS = 4  # GGML_MAX_DIMS in ggml.h
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
 MIN_TENSOR_BYTES = 8 + 4 + 4 + 8  # name length, dimension count, type, offset
-WANTED_KEYS = ("general.architecture", "general.name", "general.license", "tokenizer.chat_template",
-               "general.alignment")
-WANTED_SUFFIXES = (".context_length", ".block_count", ".embedding_length", ".attention.head_count",
-                   ".attention.head_count_kv", ".vocab_size", ".feed_forward_length", ".attention.key_length",
-                   ".attention.value_length", ".expert_count")
 TOKEN_LIST_KEY = "tokenizer.ggml.tokens"
+SMALL_ARRAY_ITEMS = 4096  # numeric arrays up to this long are kept (per-layer values, rope sections); longer ones
+# (the vocabulary's scores and types) and arrays of text (tokens, merges) are skipped
 # ggml's tensor type numbers (ggml.h) for the types Kvasir treats by name
 GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K",
                    11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
@@ -132,6 +129,21 @@ class _Reader:
             return self.skip_array(depth + 1)
         raise ModelLoadError(f"unknown GGUF value type {kind}: the file is damaged")
 
+    def small_array(self) -> list | None:
+        """A numeric array of at most :data:`SMALL_ARRAY_ITEMS` items as a list; anything else is skipped (None)."""
+        start = self.pos
+        item_kind = self.unpack("I")
+        if item_kind in _SCALARS:
+            size = struct.calcsize("<" + _SCALARS[item_kind])
+            count = self.count("array items", size)
+            if count <= SMALL_ARRAY_ITEMS:
+                values = list(struct.unpack_from(f"<{count}{_SCALARS[item_kind]}", self.buf, self.pos))
+                self.pos += count * size
+                return values
+        self.pos = start
+        self.skip_array()
+        return None
+
     def skip_array(self, depth: int = 1) -> int:
         """Skip an array's items; its length is returned (a vocabulary's size, say). Arrays of arrays nest at most
         :data:`MAX_ARRAY_DEPTH` deep (real files hold flat arrays; a deeper one would exhaust the stack)."""
@@ -215,9 +227,8 @@ def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict, int | None]:
         if key == TOKEN_LIST_KEY and kind == _ARRAY:
             token_count = r.skip_array()
             continue
-        keep = key in WANTED_KEYS or key.endswith(WANTED_SUFFIXES)
-        value = r.value(kind, keep)
-        if keep:
+        value = r.small_array() if kind == _ARRAY else r.value(kind, keep=True)
+        if value is not None:
             metadata[key] = value
     return metadata, token_count
 

@@ -24,6 +24,7 @@ from ..errors import ModelLoadError
 from ..step.block_linear import GGUF_KINDS, BlockEmbedding, BlockQuantLinear
 from ..step.packed_linear import GGUF_BLOCK, Int4Linear, Int8Linear, can_pack_int4
 from ..step.quantization import pack_output_head, packed_layer, uses_native_blocks
+from .gguf_config import read_config
 from .gguf_info import read_gguf_info, read_tensors
 from .skeleton import empty_model, named_linears, unfilled
 from .sources import ModelSource
@@ -114,7 +115,7 @@ def _skeleton(source: ModelSource, dtype: torch.dtype, attn: str, config_folder:
         if config_folder is not None:
             config = AutoConfig.from_pretrained(config_folder, trust_remote_code=False)
         else:
-            config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, trust_remote_code=False)
+            config = read_config(source)
         return empty_model(config, dtype, attn)
     except Exception as exc:
         raise ModelLoadError(f"could not build {source.name} from its GGUF config: {exc}") from exc

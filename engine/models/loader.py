@@ -15,7 +15,8 @@ from ..errors import ModelLoadError, UnsupportedModelError
 from ..step import kernels
 from ..step.quantization import module_bytes, quantize_model
 from ..templates.chat_template import ChatTemplate
-from . import gguf_cache
+from ..templates.sandbox import shared_sandbox
+from . import gguf_cache, gguf_config
 from .gguf_weights import load_packed_gguf
 from .memory import PeakMemory, return_freed_memory
 from .sources import ModelSource, resolve_source
@@ -61,6 +62,7 @@ def load_model(
     """Load tokenizer and weights of ``config.model`` onto ``device``, quantised as configured."""
     report = progress or _no_progress
     report(0.0, "checking the model files")
+    shared_sandbox()  # the template workers start now, beside the reading, for the check at the end
     source = resolve_source(config.model)  # also checks the config against the weights' shapes
     if source.kind == "hf":
         check_architecture_known(source.folder)  # transformers' own refusal comes later, as a page of text
@@ -95,6 +97,7 @@ def load_model(
         warnings += load_warnings
         max_model_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
         check_supported(model.config, max_model_len)
+    ChatTemplate(tokenizer).check(source.name)
     if files.kind == "gguf" and not warnings and not from_blocks:
         report(0.55, "keeping a converted copy for faster loads")
         gguf_cache.store(source, model, tokenizer, dtype)  # not part of loading's peak: it happens once per file
@@ -126,11 +129,15 @@ def load_model(
 
 
 def load_tokenizer(source: ModelSource):
-    """The tokenizer (and chat template) of ``source``, plus warnings for the user."""
+    """The tokenizer (and chat template) of ``source``, plus warnings for the user; the template is checked by
+    :func:`load_model` once the weights are read (its sandbox's workers start meanwhile)."""
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, trust_remote_code=False)
+        if source.kind == "gguf":
+            tokenizer = gguf_config.read_tokenizer(source)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(source.folder, trust_remote_code=False)
     except Exception as exc:
         raise ModelLoadError(f"could not read the tokenizer of {source.name}: {exc}") from exc
     warnings = []
@@ -138,7 +145,6 @@ def load_tokenizer(source: ModelSource):
         tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
         warnings.append(FALLBACK_TEMPLATE_WARNING)
         log.warning("%s: %s", source.name, FALLBACK_TEMPLATE_WARNING)
-    ChatTemplate(tokenizer).check(source.name)
     return tokenizer, warnings
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 
 from ..serving.kv_cache import KVCache
@@ -277,6 +276,8 @@ def attend_sequences(
     Every index is a Python number: no wait for the device.
     """
     width = group.blocks_per_sequence
+    from torch.nn.attention.bias import causal_lower_right  # here: the module brings in torch's compiler (a second)
+
     for row, (offset, count, length, first) in enumerate(group.sequences):
         used = -(-length // cache_k.shape[1])
         if first is not None:

@@ -139,3 +139,12 @@ def test_the_frozen_app_starts_its_workers_through_its_own_entry_point(monkeypat
     assert read_frame(entry.stdout) == {"text": "HELLO!"}
     entry.stdin.close()
     assert entry.wait(timeout=60) == 0
+
+
+def test_a_worker_imports_neither_torch_nor_the_engine():
+    """A worker's start is what a first render waits for: the engine package imports its parts on first use."""
+    probe = ("import sys; import engine.templates.worker; "
+             "print(sorted(m for m in ('torch', 'engine.serving.engine', 'engine.models.fit') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

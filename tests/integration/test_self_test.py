@@ -21,6 +21,7 @@ def test_self_test_streams_a_reply_and_prints_its_metrics(tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ok"] and report["tokens"] > 0 and report["ttft_s"] > 0 and report["tokens_per_s"] > 0
     assert "Paris" in report["reply"]
+    assert report["ready_s"] >= report["load_s"] > 0  # from the process's start, which came before the wait
     assert (tmp_path / "data" / "kvasir.db").is_file()
 
 
