@@ -29,7 +29,7 @@ _EXPORTS = {
     ".sampling_params": ("CHAT_SAMPLING", "SamplingParams"),
     ".serving.async_engine": ("AsyncEngine",),
     ".serving.engine": ("Engine",),
-    ".serving.metrics": ("EngineStats", "FirstToken", "GpuUsage", "RequestMetrics", "RequestSnapshot"),
+    ".serving.metrics": ("CpuUsage", "EngineStats", "FirstToken", "GpuUsage", "RequestMetrics", "RequestSnapshot"),
     ".serving.outputs": ("RequestOutput",),
 }
 # exported under another name: public name -> (module, its name there)

@@ -37,6 +37,9 @@ class EngineConfig:
     # while replies are being written, prompt work per step is sized to keep a step within this many seconds
     # (None: 0.15 on the CPU, 0.05 on a GPU; see engine/serving/step_pacer.py)
     step_latency_target_s: float | None = None
+    # CPU threads for the steps: None adapts to what other processes take (engine/serving/cpu_share.py)
+    threads: int | None = None
+    lower_priority: bool = False  # the engine's threads at nice +10 (engine/serving/priority.py)
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -65,3 +68,8 @@ class EngineConfig:
         if target is not None and (isinstance(target, bool) or not isinstance(target, int | float) or not target > 0
                                    or target == float("inf")):
             raise ValueError(f"step_latency_target_s must be a positive number of seconds, not {target!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"threads must be None (adapt) or a whole number of at least 1, not {self.threads!r}")
+        if not isinstance(self.lower_priority, bool):
+            raise ValueError(f"lower_priority must be True or False, not {self.lower_priority!r}")

@@ -22,6 +22,8 @@ DEFAULTS = {
     "preset": "Helpful assistant",
     "text_scale": 100,  # percent: the transcript's and the message box's text size (Ctrl+= / Ctrl+- / Ctrl+0)
     "sampling": {key: getattr(CHAT_SAMPLING, key) for key in SAMPLING_KEYS},  # the engine's chat defaults
+    "threads": "auto",  # the engine's CPU threads: "auto" (as many as other programs leave cores) or a count
+    "lower_priority": False,  # the engine's threads yield to other programs that need the CPU
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
@@ -32,6 +34,7 @@ API_CHECKS = {
     "api_key": lambda v: isinstance(v, str),
 }
 THEMES = ("system", "light", "dark")
+MAX_THREADS = 1024
 TEXT_SCALES = (50, 67, 75, 80, 90, 100, 110, 125, 150, 175, 200, 250, 300)  # the steps of Ctrl+= and Ctrl+-
 
 
@@ -154,6 +157,12 @@ class Settings:
         tmp.replace(self.path)
 
 
+def engine_cpu_options(settings) -> dict:
+    """The engine's CPU settings as :class:`engine.EngineConfig` takes them."""
+    threads = settings["threads"]
+    return {"threads": None if threads == "auto" else threads, "lower_priority": settings["lower_priority"]}
+
+
 def _read_object(path: Path) -> dict:
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
@@ -172,6 +181,10 @@ def _valid_value(key: str, value) -> bool:
         return value in THEMES
     if key == "text_scale":
         return type(value) is int and TEXT_SCALES[0] <= value <= TEXT_SCALES[-1]
+    if key == "threads":
+        return value == "auto" or (type(value) is int and 1 <= value <= MAX_THREADS)
+    if key == "lower_priority":
+        return isinstance(value, bool)
     if key in ("sampling", "api"):
         return False  # a dict is merged key by key above; anything else is not these settings
     return isinstance(value, str) and bool(value)

@@ -1,7 +1,9 @@
-"""Preferences: the defaults new chats start with, the theme, the text size and the local API."""
+"""Preferences: the defaults new chats start with, the theme, the text size, the engine's CPU use and the local
+API."""
 
 from __future__ import annotations
 
+import os
 import secrets
 
 from PySide6.QtCore import Qt
@@ -79,9 +81,36 @@ class ApiForm(QGroupBox):
         return True
 
 
+AUTO_THREADS = "auto: as many as other programs leave free"
+
+
+class CpuForm(QGroupBox):
+    """The engine's CPU threads (auto, or a count) and whether it yields to other programs."""
+
+    def __init__(self, values: dict, parent=None) -> None:
+        super().__init__("Engine on the CPU", parent)
+        self.threads = QComboBox()
+        self.threads.addItem(AUTO_THREADS, "auto")
+        for count in range(1, max(os.cpu_count() or 1, values["threads"] if values["threads"] != "auto" else 1) + 1):
+            self.threads.addItem(str(count), count)
+        self.threads.setCurrentIndex(max(0, self.threads.findData(values["threads"])))
+        self.threads.setAccessibleDescription("auto: the engine gives a core up while another program keeps it "
+                                              "busy, and takes it back when it is free")
+        self.lower_priority = QCheckBox("Lower priority while others need the CPU")
+        self.lower_priority.setChecked(values["lower_priority"])
+        self.lower_priority.setToolTip("Other programs get the larger share of a busy CPU; replies are slower "
+                                       "then, and as fast as ever when the CPU is free")
+        form = QFormLayout(self)
+        form.addRow("Threads", self.threads)
+        form.addRow(self.lower_priority)
+
+    def values(self) -> dict:
+        return {"threads": self.threads.currentData(), "lower_priority": self.lower_priority.isChecked()}
+
+
 class PreferencesDialog(QDialog):
-    """Defaults for new chats, the theme, the text size, and the local API (``api_status``: what it is doing
-    now)."""
+    """Defaults for new chats, the theme, the text size, the engine's CPU use, and the local API (``api_status``:
+    what it is doing now)."""
 
     def __init__(self, presets: list[Preset], values: dict, parent=None, api_status: str = "") -> None:
         super().__init__(parent)
@@ -103,8 +132,9 @@ class PreferencesDialog(QDialog):
         form.addRow("Theme", self.theme)
         form.addRow("Text size", self.text_scale)
         form.addRow("Persona for new chats", self.preset)
+        self.cpu = CpuForm(values)
         self.api = ApiForm(values.get("api", {}), api_status)
-        stack_with_ok_cancel(self, general, self.sampling, self.api)
+        stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.api)
 
     def accept(self) -> None:
         if self.sampling.accept_or_explain() and self.api.accept_or_explain():
@@ -112,4 +142,5 @@ class PreferencesDialog(QDialog):
 
     def result_values(self) -> dict:
         return {"theme": self.theme.currentText(), "text_scale": self.text_scale.value(),
-                "preset": self.preset.currentText(), "sampling": self.sampling.values(), "api": self.api.values()}
+                "preset": self.preset.currentText(), "sampling": self.sampling.values(), **self.cpu.values(),
+                "api": self.api.values()}

@@ -7,8 +7,10 @@ comes back, so the GUI thread never runs torch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from typing import Protocol
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
@@ -64,6 +66,8 @@ class ChatEngine(Protocol):
 
     def stats(self) -> EngineStats | None: ...
 
+    def set_cpu_options(self, threads: int | None, lower_priority: bool) -> Future | None: ...
+
 
 class EngineBridge(QObject):
     """Owns the :class:`AsyncEngine`; emits load progress, load results, stats snapshots and engine failures.
@@ -90,6 +94,7 @@ class EngineBridge(QObject):
         self._factory = engine_factory
         self._pending: EngineConfig | None = None  # a switch asked for while a background load runs
         self._background_load = False  # a load thread is running (``loading`` also covers switches)
+        self._loading_config: EngineConfig | None = None  # what the background load was started with
         self._generation = 0  # tells a dead engine's late report from the current engine's
         self._closed = False
         self._lock = threading.Lock()  # orders a load finishing against shutdown()
@@ -118,6 +123,7 @@ class EngineBridge(QObject):
             return
         self._background_load = True
         self.config, self.loading, self.load_error, self.failure = config, True, None, None
+        self._loading_config = config
         self._generation += 1
         threading.Thread(target=self._load, args=(config, self._generation), name="kvasir-load", daemon=True).start()
 
@@ -150,9 +156,17 @@ class EngineBridge(QObject):
             self.load_failed.emit(error)
         else:
             self._timer.start()
+            self._catch_up_cpu_options(engine)
             self.loaded.emit(engine.stats())
             if pending is not None:
                 asyncio.ensure_future(self.switch(pending))
+
+    def _catch_up_cpu_options(self, engine: AsyncEngine) -> None:
+        """CPU options changed while the engine loaded with the earlier ones: give it the latest."""
+        loaded_with, latest = self._loading_config, self.config
+        if latest is not None and loaded_with is not None and (latest.threads, latest.lower_priority) != (
+                loaded_with.threads, loaded_with.lower_priority):
+            engine.call(lambda serving: serving.set_cpu_options(latest.threads, latest.lower_priority))
 
     def _report_progress(self, fraction: float, phrase: str) -> None:
         self.load_progress.emit(fraction, phrase)
@@ -210,6 +224,18 @@ class EngineBridge(QObject):
     def stats(self) -> EngineStats | None:
         """The latest engine snapshot, or None before the first model has loaded."""
         return self.engine.stats() if self.engine else None
+
+    def set_cpu_options(self, threads: int | None, lower_priority: bool) -> Future | None:
+        """The engine's CPU threads (None: adapt) and priority, now, between two steps; kept for later loads.
+        Returns the engine's future for the change (None while no engine serves)."""
+        options = {"threads": threads, "lower_priority": lower_priority}
+        if self.config is not None:
+            self.config = dataclasses.replace(self.config, **options)
+        if self._pending is not None:
+            self._pending = dataclasses.replace(self._pending, **options)
+        if self.engine is None or not self.engine.alive:
+            return None
+        return self.engine.call(lambda engine: engine.set_cpu_options(threads, lower_priority))
 
     def _poll_stats(self) -> None:
         if self.engine is not None:

@@ -30,7 +30,7 @@ from engine import API_SOURCE, EngineStats, RequestSnapshot
 
 from ..units import size_text
 from .charts import EngineCharts
-from .formatting import device_text, errors_text, gpu_load_text, gpu_memory_text, ms_text
+from .formatting import cpu_threads_text, device_text, errors_text, gpu_load_text, gpu_memory_text, ms_text
 from .history import EngineHistory
 from .kv_blocks import COLORS, BlockPoolView, PoolLegend, conversation_color
 from .request_table import RequestRow, RequestTableModel
@@ -38,6 +38,7 @@ from .request_table import RequestRow, RequestTableModel
 TTFT = "TTFT (last / median)"
 GAP = "Gap p99 / max"  # between two tokens of one reply
 GPU_ROWS = ("GPU memory", "GPU load")
+CPU_THREADS = "CPU threads"
 REQUEST_ROWS_SHOWN = 8  # the list grows to this many rows (four requests), then scrolls
 
 
@@ -76,8 +77,10 @@ class EnginePanel(QWidget):
         for widget in (self.pool, self.legend, self.pool_caption, self._request_list()):
             cache.layout().addRow(widget)
         layout.addWidget(cache)
-        layout.addWidget(self._group("Model", ["Model", "Quantisation", "Device", "Attention", "Memory", *GPU_ROWS]))
+        layout.addWidget(self._group("Model", ["Model", "Quantisation", "Device", CPU_THREADS, "Attention", "Memory",
+                                               *GPU_ROWS]))
         self._show_gpu_rows(False)
+        self._forms[CPU_THREADS].setRowVisible(self.labels[CPU_THREADS], False)
         layout.addStretch(1)
         return page
 
@@ -164,6 +167,12 @@ class EnginePanel(QWidget):
         self._set("Attention", s.attention_backend)
         self.labels["Attention"].setToolTip(s.attention_reason)  # why this backend; the row stays one line
         self._set("Memory", f"model {size_text(s.model_memory_bytes)}, KV {size_text(s.kv_cache_memory_bytes)}")
+        self._forms[CPU_THREADS].setRowVisible(self.labels[CPU_THREADS], s.cpu is not None)
+        if s.cpu is not None:
+            self._set(CPU_THREADS, cpu_threads_text(s.cpu))
+            self.labels[CPU_THREADS].setToolTip(s.cpu.note or ("set in Preferences" if s.cpu.threads_fixed else
+                                                "auto: a core another program keeps busy is given up, and taken "
+                                                "back when it is free"))
         self._show_gpu_rows(s.gpu is not None)
         if s.gpu is not None:
             self._set("GPU memory", gpu_memory_text(s.gpu))

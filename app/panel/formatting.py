@@ -1,8 +1,8 @@
-"""The live panel's numbers in words: durations, sizes, the device and the GPU's memory and load."""
+"""The live panel's numbers in words: durations, sizes, the device, the CPU threads and the GPU's memory and load."""
 
 from __future__ import annotations
 
-from engine import EngineStats, GpuUsage
+from engine import CpuUsage, EngineStats, GpuUsage
 
 from ..units import size_text
 
@@ -35,6 +35,20 @@ def gpu_load_text(gpu: GpuUsage) -> str:
     if gpu.utilization_percent is None:
         return gpu.utilization_note or "not available"
     return f"{gpu.utilization_percent}% busy"
+
+
+RECENT_CONTENTION_S = 60  # other programs taking a core this recently are still mentioned
+
+
+def cpu_threads_text(cpu: CpuUsage) -> str:
+    """The steps' threads and why: "2 of 2", "1 of 2, another program is busy", "2 of 2 (fixed), ..." """
+    text = f"{cpu.threads} of {cpu.cores}" + (" (fixed)" if cpu.threads_fixed else "")
+    seen = cpu.contention_seen_s_ago
+    if seen is not None and seen < RECENT_CONTENTION_S:
+        text += ", others busy now" if seen < 2 else f", others busy {seen:.0f} s ago"
+    if cpu.lower_priority:
+        text += ", lower priority"
+    return text
 
 
 def errors_text(count: int) -> str:

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
-from ..data.settings import DEFAULTS, next_text_scale
+from ..data.settings import DEFAULTS, engine_cpu_options, next_text_scale
 from ..dialogs.about import AboutDialog
 from ..dialogs.model_manager import ModelDialog
 from ..dialogs.preferences import PreferencesDialog
@@ -170,10 +170,12 @@ class MainWindow(QMainWindow):
                                    api_status=self.local_api.status())
         if not dialog.exec():
             return
-        api_before = dict(self.settings["api"])
+        api_before, cpu_before = dict(self.settings["api"]), engine_cpu_options(self.settings)
         for key, value in dialog.result_values().items():
             self.settings[key] = value
         self.settings.save()
+        if engine_cpu_options(self.settings) != cpu_before:
+            self.bridge.set_cpu_options(**engine_cpu_options(self.settings))
         self.apply_theme(self.settings["theme"])
         self.set_text_scale(self.settings["text_scale"], save=False)
         if self.settings["api"] != api_before or self.local_api.error:

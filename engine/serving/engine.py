@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -23,10 +24,12 @@ from ..step import attention, attention_plan, cuda_graphs
 from ..step.attention_plan import AttentionPlan
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.runner import ModelRunner
+from . import priority
 from .block_manager import BlockManager
+from .cpu_share import ThreadGovernor
 from .gpu_usage import GpuMonitor
 from .kv_cache import KVCache, KVShape, kv_cache_blocks
-from .metrics import EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
+from .metrics import CpuUsage, EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
 from .prompt_encoder import Prompt, PromptEncoder
 from .scheduler import Chunk, Scheduler, SchedulerOutput
@@ -37,6 +40,7 @@ from .warmup import step_peak_bytes
 log = logging.getLogger(__name__)
 
 SWITCHED_MESSAGE = "the model was switched while this reply was being written"
+CPU_THREADS = torch.get_num_threads()  # what torch chose for this machine (or OMP_NUM_THREADS), before any change
 
 
 class Engine:
@@ -74,6 +78,7 @@ class Engine:
         self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device, reserved)
         target = config.step_latency_target_s or (GPU_TARGET_S if self.device.type == "cuda" else CPU_TARGET_S)
         self.pacer = StepPacer(target)  # what steps cost on this model and device, learnt as they run
+        self._set_cpu_options(config.threads, config.lower_priority)
         self._new_scheduler()
         limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
@@ -123,6 +128,7 @@ class Engine:
         A failure inside the step ends only the requests it touched, each with an error output; the engine
         keeps serving the others.
         """
+        self._adapt_threads()
         scheduled = self._schedule()
         outputs = self._compute(scheduled) if scheduled.chunks else []
         reported, self._pending = self._pending, []
@@ -147,6 +153,12 @@ class Engine:
         seq = self._sequences.get(request_id)
         if seq is not None and not seq.finished:
             self._finish(seq, "abort", None)
+
+    def set_cpu_options(self, threads: int | None, lower_priority: bool) -> None:
+        """Threads for the steps (None: adapt to what other processes take) and the lower priority, at once; a
+        later load keeps them."""
+        self.config = dataclasses.replace(self.config, threads=threads, lower_priority=lower_priority)
+        self._set_cpu_options(threads, lower_priority)
 
     def switch_model(self, config: EngineConfig, progress: Progress | None = None) -> None:
         """Serve ``config`` from now on. Running requests end with ``finish_reason='abort'``.
@@ -284,7 +296,18 @@ class Engine:
             cuda_graph_memory_bytes=self._graph_memory_bytes(),
             inter_token_p99_s=gaps[0],
             inter_token_max_s=gaps[1],
+            cpu=self._cpu_usage(),
         )
+
+    def _cpu_usage(self) -> CpuUsage | None:
+        if self.device.type != "cpu":
+            return None
+        state = self.governor.state()
+        seen = state.contention_seen_at
+        return CpuUsage(threads=state.threads, cores=state.cores, threads_fixed=state.fixed,
+                        others_cores=state.others_cores,
+                        contention_seen_s_ago=None if seen is None else max(0.0, time.monotonic() - seen),
+                        lower_priority=self.config.lower_priority, note=self.priority_note)
 
     def _snapshot(self, seq: Sequence) -> RequestSnapshot:
         blocks = self.block_manager.blocks
@@ -313,6 +336,20 @@ class Engine:
         return self.prompts.encode(prompt)
 
     # -- internals ----------------------------------------------------------------------------------
+
+    def _set_cpu_options(self, threads: int | None, lower_priority: bool) -> None:
+        self.governor = ThreadGovernor(CPU_THREADS, threads)
+        torch.set_num_threads(self.governor.threads)
+        self.priority_note = priority.apply(lower_priority)
+
+    def _adapt_threads(self) -> None:
+        """Between steps on the CPU: as many threads as other processes leave cores for (see ``cpu_share``)."""
+        if self.device.type != "cpu":
+            return
+        changed = self.governor.tick()
+        if changed is not None:
+            log.info("%s: the steps now use %d of %d threads", self.loaded.source.name, changed, CPU_THREADS)
+            torch.set_num_threads(changed)
 
     def _plan_attention(self) -> AttentionPlan:
         """The attention backend for this model on this device, why, and its block size (one rule with the fit

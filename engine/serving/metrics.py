@@ -91,6 +91,19 @@ class FirstToken:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuUsage:
+    """The steps' CPU threads and what other processes took (see :mod:`.cpu_share`)."""
+
+    threads: int  # the steps use this many threads now
+    cores: int  # ... of this many (torch's choice for the machine)
+    threads_fixed: bool  # the user chose the count; nothing adapts
+    others_cores: float | None  # other processes' use lately, in cores
+    contention_seen_s_ago: float | None  # when others last took a core; None: not since the engine started
+    lower_priority: bool = False
+    note: str = ""  # why the priority could not be set as asked, in words
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine. Invariant: ``kv_blocks_used + kv_blocks_cached + kv_blocks_free ==
     kv_blocks_total``."""
@@ -133,6 +146,7 @@ class EngineStats:
     cuda_graph_memory_bytes: int = 0  # what the graphs' shared memory pool added on the device
     inter_token_p99_s: float | None = None  # the gap between a reply's tokens, p99 over the last seconds
     inter_token_max_s: float | None = None
+    cpu: CpuUsage | None = None  # the CPU threads and the contention seen; None on a GPU and for remote engines
 
 
 @dataclass(frozen=True, slots=True)

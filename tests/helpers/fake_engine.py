@@ -45,6 +45,7 @@ class FakeBridge(QObject):
         self.load_error: str | None = None
         self.requests: list[list[dict]] = []
         self.restarts = 0
+        self.cpu_options: tuple | None = None  # what set_cpu_options was last given
         self.gate: asyncio.Event | None = None
         self.streams = 0
         self.token_counts = 0  # how many times count_tokens ran
@@ -68,6 +69,9 @@ class FakeBridge(QObject):
     def restart(self) -> None:
         self.restarts += 1
         self._serve()
+
+    def set_cpu_options(self, threads, lower_priority) -> None:
+        self.cpu_options = (threads, lower_priority)
 
     def shutdown(self) -> None:
         pass

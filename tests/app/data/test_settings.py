@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from app.data.settings import DEFAULTS, Settings, SettingsError, load_presets, sampling_problems
+from app.data.settings import DEFAULTS, Settings, SettingsError, engine_cpu_options, load_presets, sampling_problems
 from app.dialogs.chat_settings import ChatSettingsDialog
 from app.dialogs.preferences import PreferencesDialog
+from engine import EngineConfig
 
 
 def test_sampling_problems_name_the_field_the_engine_refuses():
@@ -43,6 +44,23 @@ def test_wrongly_typed_top_level_values_fall_back_with_a_warning(tmp_path, caplo
     assert settings["theme"] == "system" and settings["sampling"] == DEFAULTS["sampling"]
     assert settings["model"] == "default" and settings["preset"] == "Concise"
     assert "theme=7" in caplog.text
+
+
+@pytest.mark.parametrize(("saved", "threads", "lower"), [
+    ({"threads": 3, "lower_priority": True}, 3, True),
+    ({"threads": "auto"}, "auto", False),
+    ({"threads": 0, "lower_priority": "yes"}, "auto", False),
+    ({"threads": True}, "auto", False),
+    ({"threads": "8"}, "auto", False),
+])
+def test_the_cpu_settings_keep_what_the_engine_takes_and_nothing_else(tmp_path, saved, threads, lower):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(saved))
+    settings = Settings(path)
+    assert (settings["threads"], settings["lower_priority"]) == (threads, lower)
+    options = engine_cpu_options(settings)
+    assert options == {"threads": None if threads == "auto" else threads, "lower_priority": lower}
+    EngineConfig(**options)  # the engine takes them
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "\"settings\"", "{\"theme\": ", "\udcff"])

@@ -73,3 +73,27 @@ def test_cancel_changes_nothing(window, qapp, answer):
     answer(window, lambda d: (d.theme.setCurrentText("dark"), d.text_scale.setValue(200)), ok=False)
     assert window.settings.values == before and not window.chat.renderer.dark
     assert not window.settings.path.exists() or saved(window)["text_scale"] == before["text_scale"]
+
+
+def test_the_engines_threads_and_priority_are_saved_and_given_to_the_engine_at_once(window, answer):
+    bridge = window.bridge
+    answer(window, lambda d: d.theme.setCurrentText("light"))
+    assert bridge.cpu_options is None  # nothing about the CPU changed: the engine is not disturbed
+
+    def change(dialog):
+        dialog.cpu.threads.setCurrentIndex(dialog.cpu.threads.findData(1))
+        dialog.cpu.lower_priority.setChecked(True)
+    answer(window, change)
+    assert (saved(window)["threads"], saved(window)["lower_priority"]) == (1, True)
+    assert bridge.cpu_options == (1, True)
+    answer(window, lambda d: d.cpu.threads.setCurrentIndex(0))
+    assert saved(window)["threads"] == "auto" and bridge.cpu_options == (None, True)
+
+
+def test_the_cpu_form_shows_what_was_saved():
+    from app.dialogs.preferences import AUTO_THREADS, CpuForm
+
+    form = CpuForm({"threads": 1, "lower_priority": True})
+    assert form.threads.currentText() == "1" and form.lower_priority.isChecked()
+    assert CpuForm(DEFAULTS).threads.currentText() == AUTO_THREADS
+    assert CpuForm({"threads": 64, "lower_priority": False}).values() == {"threads": 64, "lower_priority": False}

@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+from concurrent.futures import Future
 
 import pytest
 
@@ -42,6 +43,15 @@ class StandInEngine:
 
     def shutdown(self):
         self.shut_down.set()
+
+    def call(self, fn):
+        """Run ``fn`` on a recorder of what the engine was asked, as the engine thread would run it."""
+        done = Future()
+        done.set_result(fn(self))
+        return done
+
+    def set_cpu_options(self, threads, lower_priority):
+        self.cpu_options = (threads, lower_priority)
 
 
 @pytest.fixture
@@ -145,4 +155,18 @@ def test_a_late_failure_report_from_a_replaced_engine_is_ignored(qtbot, qloop, m
     made[0].on_failure("first death, reported again")
     qloop.run_until_complete(asyncio.sleep(0.01))
     assert bridge.ready and bridge.failure is None
+    bridge.shutdown()
+
+
+def test_cpu_options_reach_the_serving_engine_and_every_later_load(qtbot, qloop, made):
+    release = threading.Event()
+    bridge = EngineBridge(engine_factory=slow_factory(release))
+    bridge.start(EngineConfig(model="first"))
+    assert bridge.set_cpu_options(1, True) is None  # still loading: kept for the load that follows
+    release.set()
+    run_until(qloop, bridge.loaded, lambda stats: True)
+    assert bridge.config.threads == 1 and bridge.config.lower_priority
+    assert made[-1].config.threads is None and made[-1].cpu_options == (1, True)  # caught up once loaded
+    assert bridge.set_cpu_options(None, False).result(10) is None
+    assert made[-1].cpu_options == (None, False) and bridge.config.threads is None
     bridge.shutdown()

@@ -7,12 +7,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 
 from app.panel.charts import axis_labels, time_ticks
-from app.panel.engine_panel import GAP, TTFT, EnginePanel
+from app.panel.engine_panel import CPU_THREADS, GAP, TTFT, EnginePanel
 from app.panel.formatting import device_text, gpu_load_text, gpu_memory_text, ms_text
 from app.panel.history import EngineHistory
 from app.panel.kv_blocks import COLORS, CONVERSATION_COLORS, LEGEND, CellSwatch, conversation_color
 from app.panel.request_table import COLUMNS, RequestRow, RequestTableModel
-from engine import FirstToken, GpuUsage, RequestSnapshot
+from engine import CpuUsage, FirstToken, GpuUsage, RequestSnapshot
 from engine.serving.gpu_usage import NO_NVML
 from tests.helpers.fake_engine import fake_stats
 
@@ -193,6 +193,26 @@ def test_gpu_rows_are_hidden_on_the_cpu_and_shown_with_values_on_cuda(panel):
     assert panel.labels["GPU load"].text() == "not available: needs nvidia-ml-py (NVML)"
     panel.update_stats(fake_stats())  # switched to the CPU
     assert not panel.gpu_rows_shown()
+
+
+def test_the_cpu_threads_row_says_how_many_and_why_and_is_hidden_on_a_gpu(panel):
+    def cpu(**values):
+        usage = dict(threads=2, cores=2, threads_fixed=False, others_cores=0.02, contention_seen_s_ago=None)
+        return CpuUsage(**{**usage, **values})
+
+    panel.update_stats(fake_stats(cpu=cpu()))
+    label = panel.labels[CPU_THREADS]
+    assert label.text() == "2 of 2" and panel._forms[CPU_THREADS].isRowVisible(label)
+    panel.update_stats(fake_stats(cpu=cpu(threads=1, others_cores=1.0, contention_seen_s_ago=0.4)))
+    assert label.text() == "1 of 2, others busy now"
+    panel.update_stats(fake_stats(cpu=cpu(threads_fixed=True, contention_seen_s_ago=12.2, lower_priority=True,
+                                          note="the engine keeps its lower priority until Kvasir restarts")))
+    assert label.text() == "2 of 2 (fixed), others busy 12 s ago, lower priority"
+    assert "until Kvasir restarts" in label.toolTip()
+    panel.update_stats(fake_stats(cpu=cpu(contention_seen_s_ago=600.0)))
+    assert label.text() == "2 of 2"  # long ago: no longer worth a word
+    panel.update_stats(cuda_stats())
+    assert not panel._forms[CPU_THREADS].isRowVisible(label)
 
 
 def test_panel_formatting():
