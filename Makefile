@@ -55,8 +55,8 @@ lint: install
 screenshots: install
 	QT_QPA_PLATFORM=offscreen $(PY) -m app.tools.screenshots docs
 
-# `make bench`: Kvasir vs llama.cpp vs transformers, written to bench/results/ (meant to take under 15 minutes):
-# steady speed, a long prompt beside streaming replies, and a new user's first start.
+# `make bench`: Kvasir vs llama.cpp vs transformers, written to bench/results/ (about 25 minutes on 2 cores):
+# steady speed, a long prompt beside streaming replies, a new user's first start, and a busy CPU.
 # llama.cpp is skipped with a note until `make peers` has built it. The README table: `$(PY) -m engine bench --readme`.
 BENCH_STAMP := $(VENV)/.kvasir-bench-extra
 
@@ -68,6 +68,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) -m engine bench
 	$(PY) -m engine.tools.stall_bench
 	$(PY) -m app.tools.first_start_bench
+	$(PY) bench/contention.py --rounds 1
 
 # llama.cpp's llama-bench, llama-batched-bench, llama-perplexity and llama-server, built once into the user
 # cache folder (about 15 minutes on 2 cores); later runs find them there and return at once.
