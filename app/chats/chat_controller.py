@@ -33,6 +33,7 @@ class ChatController(QObject):
         self.conversations, self.sources = conversations, sources
         self.tasks: dict[int, asyncio.Task] = {}
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
+        self._unfinished: dict[int, tuple[str, object, dict | None]] = {}  # reply id -> (text, last output, stats)
 
     def is_generating(self, conversation_id: int) -> bool:
         return conversation_id in self.tasks
@@ -66,6 +67,14 @@ class ChatController(QObject):
         task = self.tasks.get(conversation_id)
         if task is not None:
             task.cancel()
+
+    def keep_unfinished_now(self) -> None:
+        """The app is closing and its loop will not run the replies' own endings: store every reply being written
+        as stopped, with its text so far, now."""
+        for reply_id, (text, last, earlier) in list(self._unfinished.items()):
+            self.conversations.finish_message(reply_id, text=text, status=Status.STOPPED, error=None,
+                                              stats=_metrics(last, earlier))
+        self._unfinished.clear()
 
     def messages_for_model(self, conversation_id: int, next_user_text: str | None = None,
                            skipped: int | None = None) -> list[dict]:
@@ -135,6 +144,7 @@ class ChatController(QObject):
         else:
             reply = continuing
         before = reply.text
+        self._unfinished[reply.id] = (before, None, continuing.stats if continuing else None)
         self.reply_started.emit(conversation_id, reply.id)
         text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
         try:
@@ -145,6 +155,7 @@ class ChatController(QObject):
                 if last is None and out.metrics.ttft_s is not None:
                     self.first_token.emit(conversation_id, out.metrics.ttft_s)
                 text, last = before + out.text, out
+                self._unfinished[reply.id] = (text, last, continuing.stats if continuing else None)
                 self.reply_delta.emit(conversation_id, reply.id, text)
                 if time.monotonic() - saved > SAVE_INTERVAL_S:
                     self.conversations.save_partial(reply.id, text)
@@ -157,6 +168,7 @@ class ChatController(QObject):
         except Exception as exc:  # the engine refused the request: say why, keep what arrived
             status, error = Status.ERROR, str(exc)
         finally:
+            self._unfinished.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
             metrics = _metrics(last, continuing.stats if continuing else None)
             stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,

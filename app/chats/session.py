@@ -52,8 +52,9 @@ class ChatSession(QObject):
         self.remote.refresh_all()
 
     def shutdown(self) -> None:
-        """Stop every reply being written, the local API and the remote clients."""
+        """Stop every reply being written (their text so far kept), the local API and the remote clients."""
         for task in list(self.controller.tasks.values()):
             task.cancel()
+        self.controller.keep_unfinished_now()
         self.local_api.shutdown()
         self.remote.shutdown()

@@ -56,3 +56,24 @@ def test_two_chats_stream_together_and_turn_two_is_cached(qtbot, real_window, ql
     window.side.show_stats(window.bridge.stats())
     assert window.panel.labels["Prefix hit rate"].text() != "0% of prompt tokens"
     assert "prompt tokens from cache" in window.chat.toPlainText()
+
+
+def test_closing_the_window_mid_reply_ends_the_engine_and_keeps_what_was_written(qtbot, real_window, qloop, store):
+    window = real_window
+    streaming = asyncio.Event()
+    window.controller.reply_delta.connect(lambda conv, reply, text: streaming.set())
+    chats = []
+    for _ in range(3):
+        conversation = window.actions.new()
+        store.update_conversation(conversation.id, settings={**conversation.settings, "max_tokens": 4000})
+        chats.append(conversation.id)
+        window.send("Write a very long story about a lighthouse keeper.")
+    qloop.run_until_complete(asyncio.wait_for(streaming.wait(), 300))
+    engine = window.bridge.engine
+    window.close()
+    window.bridge.shutdown()  # what kvasir does once the closed window has stopped its loop
+    assert not engine.alive and not engine._thread.is_alive()  # ended, not left behind at the deadline
+    shown = {chat: window.conversations.thread(chat)[-1].text for chat in chats}  # what was on screen
+    kept = {chat: store.thread(chat)[-1] for chat in chats}
+    assert all(m.role == "assistant" and m.status == "stopped" for m in kept.values())
+    assert {chat: m.text for chat, m in kept.items()} == shown and any(shown.values())
