@@ -257,10 +257,13 @@ class AsyncEngine:
                 break
             if not self._engine.has_model:
                 raise EngineDeadError("no model is loaded: the previous one could not be loaded again")
-            self._dispatch(self._safe_step())
+            outputs = self._safe_step()
             now = time.monotonic()
-            if now - last_stats >= STATS_INTERVAL_S or not self._engine.has_unfinished():
+            # a caller handed its final output sees stats that count it: the snapshot is taken before delivery
+            if now - last_stats >= STATS_INTERVAL_S or not self._engine.has_unfinished() or any(
+                    out.finished for out in outputs):
                 self._stats, last_stats = self._engine.stats(), now
+            self._dispatch(outputs)
 
     def _drain_commands(self, block: bool) -> None:
         try:

@@ -162,3 +162,15 @@ def test_after_shutdown_streams_are_refused_in_words(tiny_llama):
 
     with pytest.raises(EngineDeadError, match="shut down"):
         asyncio.run(main())
+
+
+def test_a_caller_handed_its_final_output_sees_stats_that_count_it(async_engine):
+    """The snapshot is taken before outputs are delivered, so a client that reads the stats (GET /metrics) as its
+    reply ends never sees numbers from before it."""
+    async def main():
+        for _ in range(6):
+            before = async_engine.stats().generated_tokens_total
+            async for out in async_engine.stream("Count with me", SamplingParams(max_tokens=5, ignore_eos=True)):
+                pass
+            assert out.finished and async_engine.stats().generated_tokens_total == before + 5
+    asyncio.run(main())
