@@ -143,8 +143,8 @@ class ChatController(QObject):
                 return None
         else:
             reply = continuing
-        before = reply.text
-        self._unfinished[reply.id] = (before, None, continuing.stats if continuing else None)
+        before, earlier = reply.text, continuing.stats if continuing else None
+        self._unfinished[reply.id] = (before, None, earlier)
         self.reply_started.emit(conversation_id, reply.id)
         text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
         try:
@@ -155,7 +155,7 @@ class ChatController(QObject):
                 if last is None and out.metrics.ttft_s is not None:
                     self.first_token.emit(conversation_id, out.metrics.ttft_s)
                 text, last = before + out.text, out
-                self._unfinished[reply.id] = (text, last, continuing.stats if continuing else None)
+                self._unfinished[reply.id] = (text, last, earlier)
                 self.reply_delta.emit(conversation_id, reply.id, text)
                 if time.monotonic() - saved > SAVE_INTERVAL_S:
                     self.conversations.save_partial(reply.id, text)
@@ -170,7 +170,7 @@ class ChatController(QObject):
         finally:
             self._unfinished.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
-            metrics = _metrics(last, continuing.stats if continuing else None)
+            metrics = _metrics(last, earlier)
             stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
                                                        stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
