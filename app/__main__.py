@@ -104,12 +104,12 @@ def starting_config(args: argparse.Namespace, settings):
     """The command line's choices, else what served last (the self-test always runs the bundled model)."""
     from engine import EngineConfig
 
-    from .data.settings import engine_cpu_options
+    from .data.settings import engine_load_options
 
     last = {} if args.self_test else {key: settings[key] for key in ("model", "quantization", "device")}
     return EngineConfig(model=args.model or last.get("model", "default"),
                         quantization=args.quant or last.get("quantization", "auto"),
-                        device=args.device or last.get("device", "auto"), **engine_cpu_options(settings))
+                        device=args.device or last.get("device", "auto"), **engine_load_options(settings))
 
 
 def open_for_this_run(self_test: bool):

@@ -17,7 +17,7 @@ from importlib import import_module
 _EXPORTS = {
     ".api.config": ("API_SOURCE", "ApiConfig", "ApiConfigError"),
     ".api.service": ("ApiServer", "ServerStartError"),
-    ".config": ("AUTO_QUANTIZATION_RULE", "DTYPES", "QUANTIZATIONS", "WEIGHT_MODES", "EngineConfig"),
+    ".config": ("AUTO_QUANTIZATION_RULE", "DTYPES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "WEIGHT_MODES", "EngineConfig"),
     ".errors": ("DownloadCancelled", "EngineDeadError", "EngineError", "HubError", "LibraryError",
                 "ModelLoadError", "PromptTooLong", "UnsupportedModelError"),
     ".models.fit": ("FitEstimate",),
@@ -31,6 +31,7 @@ _EXPORTS = {
     ".serving.engine": ("Engine",),
     ".serving.metrics": ("CpuUsage", "EngineStats", "FirstToken", "GpuUsage", "RequestMetrics", "RequestSnapshot"),
     ".serving.outputs": ("RequestOutput",),
+    ".tools.kv_evaluation": ("KVQuality", "check_kv_formats"),
 }
 # exported under another name: public name -> (module, its name there)
 _RENAMED = {

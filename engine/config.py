@@ -15,6 +15,8 @@ WEIGHT_MODES = QUANTIZATIONS[1:]  # what ``auto`` chooses between
 AUTO_QUANTIZATION_RULE = ("auto: on CUDA the compute dtype where the model fits, else nf4; on the CPU int4 or w8 "
                           "for a 4- or 8-bit GGUF file, else none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# how the KV cache stores keys and values (engine/serving/kv_format.py)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "q8_0", "fp8")
 
 
 @dataclass(slots=True)
@@ -32,6 +34,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    # how keys and values are stored (engine/serving/kv_format.py); auto: the smallest format measured to keep
+    # quality and speed on this model (engine/models/kv_verdicts.py), else the compute dtype
+    kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU; False: every step eager
     # while replies are being written, prompt work per step is sized to keep a step within this many seconds
@@ -60,6 +65,8 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, not {self.attention_backend!r}")
         if not isinstance(self.cuda_graphs, bool):

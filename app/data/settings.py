@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import CHAT_SAMPLING, DEFAULT_API_HOST, DEFAULT_API_PORT, SamplingParams
+from engine import CHAT_SAMPLING, DEFAULT_API_HOST, DEFAULT_API_PORT, KV_CACHE_DTYPES, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,7 @@ DEFAULTS = {
     "sampling": {key: getattr(CHAT_SAMPLING, key) for key in SAMPLING_KEYS},  # the engine's chat defaults
     "threads": "auto",  # the engine's CPU threads: "auto" (as many as other programs leave cores) or a count
     "lower_priority": False,  # the engine's threads yield to other programs that need the CPU
+    "kv_cache_dtype": "auto",  # how the KV cache stores keys and values (engine.KV_CACHE_DTYPES); a change reloads
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
@@ -163,6 +164,12 @@ def engine_cpu_options(settings) -> dict:
     return {"threads": None if threads == "auto" else threads, "lower_priority": settings["lower_priority"]}
 
 
+def engine_load_options(settings) -> dict:
+    """Every setting of Preferences that an :class:`engine.EngineConfig` takes: the CPU ones and the KV cache's
+    format."""
+    return {**engine_cpu_options(settings), "kv_cache_dtype": settings["kv_cache_dtype"]}
+
+
 def _read_object(path: Path) -> dict:
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
@@ -185,6 +192,8 @@ def _valid_value(key: str, value) -> bool:
         return value == "auto" or (type(value) is int and 1 <= value <= MAX_THREADS)
     if key == "lower_priority":
         return isinstance(value, bool)
+    if key == "kv_cache_dtype":
+        return value in KV_CACHE_DTYPES
     if key in ("sampling", "api"):
         return False  # a dict is merged key by key above; anything else is not these settings
     return isinstance(value, str) and bool(value)

@@ -1,10 +1,12 @@
-"""Preferences: the defaults new chats start with, the theme, the text size, the engine's CPU use and the local
-API."""
+"""Preferences: the defaults new chats start with, the theme, the text size, the engine's CPU use, the KV cache's
+format and the local API."""
 
 from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
+from concurrent.futures import Future
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -24,6 +26,7 @@ from PySide6.QtWidgets import (
 from engine import ApiConfig, ApiConfigError
 
 from ..data.settings import DEFAULTS, TEXT_SCALES, Preset
+from .kv_cache_form import KVCacheForm
 from .sampling_form import SamplingForm, int_box, stack_with_ok_cancel
 
 
@@ -112,7 +115,8 @@ class PreferencesDialog(QDialog):
     """Defaults for new chats, the theme, the text size, the engine's CPU use, and the local API (``api_status``:
     what it is doing now)."""
 
-    def __init__(self, presets: list[Preset], values: dict, parent=None, api_status: str = "") -> None:
+    def __init__(self, presets: list[Preset], values: dict, parent=None, api_status: str = "",
+                 check_kv: Callable[[], Future | None] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Preferences")
         self.theme = QComboBox()
@@ -133,8 +137,9 @@ class PreferencesDialog(QDialog):
         form.addRow("Text size", self.text_scale)
         form.addRow("Persona for new chats", self.preset)
         self.cpu = CpuForm(values)
+        self.kv_cache = KVCacheForm(values["kv_cache_dtype"], check_kv)
         self.api = ApiForm(values.get("api", {}), api_status)
-        stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.api)
+        stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.kv_cache, self.api)
 
     def accept(self) -> None:
         if self.sampling.accept_or_explain() and self.api.accept_or_explain():
@@ -143,4 +148,4 @@ class PreferencesDialog(QDialog):
     def result_values(self) -> dict:
         return {"theme": self.theme.currentText(), "text_scale": self.text_scale.value(),
                 "preset": self.preset.currentText(), "sampling": self.sampling.values(), **self.cpu.values(),
-                "api": self.api.values()}
+                **self.kv_cache.values(), "api": self.api.values()}

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
-from engine import AsyncEngine, EngineConfig, EngineStats, RequestOutput, SamplingParams
+from engine import AsyncEngine, EngineConfig, EngineStats, RequestOutput, SamplingParams, check_kv_formats
 
 STATS_INTERVAL_MS = 250
 
@@ -67,6 +67,8 @@ class ChatEngine(Protocol):
     def stats(self) -> EngineStats | None: ...
 
     def set_cpu_options(self, threads: int | None, lower_priority: bool) -> Future | None: ...
+
+    def check_kv_formats(self) -> Future | None: ...
 
 
 class EngineBridge(QObject):
@@ -236,6 +238,13 @@ class EngineBridge(QObject):
         if self.engine is None or not self.engine.alive:
             return None
         return self.engine.call(lambda engine: engine.set_cpu_options(threads, lower_priority))
+
+    def check_kv_formats(self) -> Future | None:
+        """The serving model's KV cache formats against a float32 cache (:func:`engine.check_kv_formats`), on
+        the engine thread: replies pause while it runs. None while no engine serves."""
+        if self.engine is None or not self.engine.alive:
+            return None
+        return self.engine.call(check_kv_formats)
 
     def _poll_stats(self) -> None:
         if self.engine is not None:

@@ -162,7 +162,9 @@ class EnginePanel(QWidget):
 
     def _show_model(self, s: EngineStats) -> None:
         self._set("Model", s.model_name)
-        self._set("Quantisation", f"{s.quantization}, {s.dtype}")
+        kv = f"; KV {s.kv_cache_dtype}" if s.kv_cache_dtype else ""
+        self._set("Quantisation", f"{s.quantization}, {s.dtype}{kv}")
+        self.labels["Quantisation"].setToolTip(f"KV cache: {s.kv_cache_dtype_reason}" if s.kv_cache_dtype else "")
         self._set("Device", device_text(s))
         self._set("Attention", s.attention_backend)
         self.labels["Attention"].setToolTip(s.attention_reason)  # why this backend; the row stays one line

@@ -8,6 +8,7 @@ the dialogs it opens, the theme and text size, and where the window was left.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -167,15 +168,20 @@ class MainWindow(QMainWindow):
 
     def edit_preferences(self) -> None:
         dialog = PreferencesDialog(self.personas.all(), self.settings.values, self,
-                                   api_status=self.local_api.status())
+                                   api_status=self.local_api.status(), check_kv=self.bridge.check_kv_formats)
         if not dialog.exec():
             return
         api_before, cpu_before = dict(self.settings["api"]), engine_cpu_options(self.settings)
+        kv_before = self.settings["kv_cache_dtype"]
         for key, value in dialog.result_values().items():
             self.settings[key] = value
         self.settings.save()
         if engine_cpu_options(self.settings) != cpu_before:
             self.bridge.set_cpu_options(**engine_cpu_options(self.settings))
+        if self.settings["kv_cache_dtype"] != kv_before and self.bridge.config is not None:
+            # the pool is rebuilt in the new format: a reload, asked first where replies are being written
+            chosen = self.settings["kv_cache_dtype"]
+            self.switcher.reload(dataclasses.replace(self.bridge.config, kv_cache_dtype=chosen))
         self.apply_theme(self.settings["theme"])
         self.set_text_scale(self.settings["text_scale"], save=False)
         if self.settings["api"] != api_before or self.local_api.error:

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPus
 from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
 
 from ..data.remote_store import RemoteChoice
-from ..data.settings import Settings, engine_cpu_options
+from ..data.settings import Settings, engine_load_options
 from ..engines.bridge import ChatEngine
 from ..engines.remote_engines import RemoteEngines
 
@@ -156,7 +156,7 @@ class ModelBar(QWidget):
             self.remote_requested.emit(choice)
             return
         config = EngineConfig(model=self.model_box.currentData(), quantization=self.quant_box.currentText(),
-                              device=self.settings["device"], **engine_cpu_options(self.settings))
+                              device=self.settings["device"], **engine_load_options(self.settings))
         self._show_progress(True)
         self.switch_requested.emit(config)
 

@@ -35,6 +35,12 @@ class ModelSwitch(QObject):
                     config.model, config.quantization):
                 self.model_bar.progress.hide()
                 return None  # that model serves already
+        return self.reload(config)
+
+    def reload(self, config: EngineConfig) -> asyncio.Future | None:
+        """Load ``config`` on the local engine (the same model in another KV format, say), asking first where
+        local replies are being written; the chats keep where they run."""
+        session = self.session
         writing = sum(1 for c in session.controller.tasks if session.sources.is_local(c))
         if writing and not self.confirm(writing):
             self.model_bar.show_serving()

@@ -9,10 +9,11 @@ import torch
 from ..config import PACKED_MODES, EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from ..serving.kv_cache import kv_cache_blocks
+from ..serving.kv_format import KVFormat, choose_kv_format
 from ..step import attention_plan
 from ..step.block_linear import BLOCK, BLOCK_BYTES, GGUF_KINDS
 from ..step.quantization import packs_output_head, uses_native_blocks
-from . import gguf_cache
+from . import gguf_cache, kv_verdicts
 from .gguf_info import GGML_TYPE_NAMES, read_gguf_info
 from .model_info import ModelInfo, read_model_info
 from .sizes import MEMORY_SHARE, float_weight_bytes, kv_bytes_per_token
@@ -48,6 +49,7 @@ class FitEstimate:
     kv_size_set: bool = False  # the configuration sets the cache's size itself (num_kv_blocks, kv_cache_memory)
     host_load_bytes: int = 0  # system memory a load onto a GPU passes through at its peak (see host_load_bytes)
     host_available_bytes: int = 0
+    kv_dtype: str = ""  # the KV cache's stored format (engine/serving/kv_format.py)
 
     @property
     def fits(self) -> bool:
@@ -65,7 +67,8 @@ class FitEstimate:
         gib = 1024**3
         text = (
             f"{self.model_name} ({self.quantization}, {self.dtype}) on {self.device}: weights "
-            f"{self.weight_bytes / gib:.2f} GiB, KV cache {self.kv_bytes_per_token / 1024:.1f} KiB per token, "
+            f"{self.weight_bytes / gib:.2f} GiB, KV cache{f' ({self.kv_dtype})' if self.kv_dtype else ''} "
+            f"{self.kv_bytes_per_token / 1024:.1f} KiB per token, "
             f"{self.available_bytes / gib:.2f} GiB free -> {self.kv_tokens:,} tokens of context "
             f"({self.max_concurrent_full_context} chats at the full {self.context_length:,})"
         )
@@ -185,7 +188,9 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     head = output_head(source) if quantization in PACKED_MODES else None
     weights = weight_bytes(info, quantization, dtype, head, device, q4_k_linear_weights(source))
     host = host_load_bytes(source, info, quantization, dtype, device)
-    return estimate_weights(info, config, WeightPlan(quantization, weights, host), device, dtype, reclaimable_bytes)
+    kv, _ = kv_verdicts.kv_format_for(config.kv_cache_dtype, source, quantization, info.head_dim, device, dtype)
+    return estimate_weights(info, config, WeightPlan(quantization, weights, host), device, dtype, reclaimable_bytes,
+                            kv)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +203,17 @@ class WeightPlan:
 
 
 def estimate_weights(info: ModelInfo, config: EngineConfig, plan: WeightPlan, device: torch.device,
-                     dtype: torch.dtype, reclaimable_bytes: int = 0) -> FitEstimate:
+                     dtype: torch.dtype, reclaimable_bytes: int = 0, kv: KVFormat | None = None) -> FitEstimate:
     """The fit of a model described by ``info`` whose weights take ``plan``: the KV cache the engine would
-    allocate beside them on ``device`` (also for a model not downloaded yet, described from remote headers)."""
-    per_token = kv_bytes_per_token(info, dtype)
+    allocate beside them on ``device`` (also for a model not downloaded yet, described from remote headers).
+    ``kv``: the cache's format (None: as ``config`` names it, ``auto`` counted as the compute dtype, since
+    nothing has been measured of a model that is not here)."""
+    if kv is None:
+        kv, _ = choose_kv_format(config.kv_cache_dtype, dtype, info.head_dim, device, None)
+    per_token = kv_bytes_per_token(info, dtype, kv)
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)
-    block_size = attention_plan.plan_attention(config, device, info.head_dim, dtype).block_size
+    block_size = attention_plan.plan_attention(config, device, info.head_dim, dtype, kv).block_size
     blocks = kv_cache_blocks(config, device, per_token, config.max_model_len or info.context_length,
                              max(0, available - plan.weight_bytes), block_size) if per_token else 0
     kv_tokens = blocks * block_size
@@ -222,4 +231,5 @@ def estimate_weights(info: ModelInfo, config: EngineConfig, plan: WeightPlan, de
         kv_size_set=config.num_kv_blocks is not None or config.kv_cache_memory is not None,
         host_load_bytes=plan.host_load_bytes,
         host_available_bytes=available_memory(torch.device("cpu")),
+        kv_dtype=kv.name,
     )

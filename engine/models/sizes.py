@@ -17,6 +17,7 @@ def float_weight_bytes(info, dtype: torch.dtype) -> int:
     return info.parameter_count * element_bytes(dtype)
 
 
-def kv_bytes_per_token(info, dtype: torch.dtype) -> int:
-    """Keys and values of every layer for one token, in ``dtype``."""
-    return 2 * info.num_layers * info.num_kv_heads * info.head_dim * element_bytes(dtype)
+def kv_bytes_per_token(info, dtype: torch.dtype, kv=None) -> int:
+    """Keys and values of every layer for one token, stored as ``kv`` (a :class:`KVFormat`; None: in ``dtype``)."""
+    per_head = kv.bytes_per_values(info.head_dim) if kv is not None else info.head_dim * element_bytes(dtype)
+    return 2 * info.num_layers * info.num_kv_heads * per_head

@@ -12,8 +12,9 @@ from collections.abc import Iterable
 import torch
 
 from ..config import EngineConfig
-from ..devices import available_memory, resolve_device, resolve_dtype
+from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from ..errors import EngineError, ModelLoadError
+from ..models import kv_verdicts
 from ..models.fit import FitEstimate, estimate
 from ..models.loader import LoadedModel, Progress, load_model
 from ..models.memory import return_freed_memory
@@ -69,7 +70,7 @@ class Engine:
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
         self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)
-        shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype)
+        shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype, self.kv_format)
         self.step_peak_bytes = 0  # measured on a GPU before sizing the cache
         self.graphs_problem = cuda_graphs.graphs_problem(config.cuda_graphs, self.device, self.loaded.model,
                                                           self.attention_backend)
@@ -286,6 +287,8 @@ class Engine:
             warnings=tuple(self.loaded.warnings),
             requests=tuple(self._snapshot(seq) for seq in self._sequences.values()),
             kv_cache_memory_bytes=self.kv_cache.memory_bytes,
+            kv_cache_dtype=self.kv_format.name,
+            kv_cache_dtype_reason=self.kv_format_reason,
             max_model_len=self.max_model_len,
             num_errors_total=self.counters.errors_total,
             queue_time_p50_s=self.counters.queue_time_p50(),
@@ -352,11 +355,15 @@ class Engine:
             torch.set_num_threads(changed)
 
     def _plan_attention(self) -> AttentionPlan:
-        """The attention backend for this model on this device, why, and its block size (one rule with the fit
-        estimate: :func:`plan_attention`)."""
-        head_dim = read_model_info(resolve_source(self.config.model)).head_dim
+        """The KV cache's format, then the attention backend for this model on this device, why, and its block
+        size (one rule each with the fit estimate: :func:`kv_format_for`, :func:`plan_attention`)."""
+        source = resolve_source(self.config.model)
+        head_dim = read_model_info(source).head_dim
         dtype = resolve_dtype(self.config.dtype, self.device)
-        return attention_plan.plan_attention(self.config, self.device, head_dim, dtype)
+        quantization = resolve_quantization(self.config.quantization, self.device, source, dtype)
+        self.kv_format, self.kv_format_reason = kv_verdicts.kv_format_for(
+            self.config.kv_cache_dtype, source, quantization, head_dim, self.device, dtype)
+        return attention_plan.plan_attention(self.config, self.device, head_dim, dtype, self.kv_format)
 
     def _num_kv_blocks(self, shape: KVShape) -> int:
         """The cache's size by the one rule (:func:`kv_cache_blocks`); on a GPU from the memory left once a

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig
+from . import kv_format
+from .kv_format import KVFormat
 
 CPU_KV_SHARE = 0.25  # of free system memory after the weights, when neither num_kv_blocks nor kv_cache_memory is set
 CPU_KV_DEFAULT_CAP = 2 * 1024**3
@@ -22,25 +24,32 @@ class KVShape:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the compute dtype: what reads return
+    stored_as: KVFormat | None = None  # how values are kept (None: in ``dtype``)
+
+    @property
+    def format(self) -> KVFormat:
+        return self.stored_as or kv_format.format_for("auto", self.dtype)
 
     def bytes_per_token(self) -> int:
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return 2 * self.num_layers * self.num_kv_heads * self.format.bytes_per_values(self.head_dim)
 
     @classmethod
-    def from_config(cls, config, dtype: torch.dtype) -> KVShape:
+    def from_config(cls, config, dtype: torch.dtype, stored_as: KVFormat | None = None) -> KVShape:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim, dtype)
+        return cls(config.num_hidden_layers, kv_heads, head_dim, dtype, stored_as)
 
 
 class KVCache:
-    """Per layer, K and V tensors ``[num_blocks, block_size, kv_heads, head_dim]``.
+    """Per layer, K and V tensors ``[num_blocks, block_size, kv_heads, head_dim]`` in the storage type of the
+    shape's :class:`KVFormat` (for q8_0 with float16 scales ``[num_blocks, block_size, kv_heads, head_dim / 32]``
+    beside them).
 
-    The attention backends write and read them through flat ``[num_blocks * block_size, kv_heads,
-    head_dim]`` views, addressed by slot = block id * block_size + offset in the block.
+    New keys and values go in through :meth:`write`, addressed by slot = block id * block_size + offset in the
+    block; the attention backends read blocks back in the compute dtype through :meth:`read` (a view, no copy,
+    where the cache is in the compute dtype; otherwise only the blocks read are converted).
 
     ``reserved_blocks`` more blocks follow the ``num_blocks`` that the block manager hands out (ids
     ``num_blocks ..``): no sequence ever owns them. The CUDA-graph decode step points its padding rows at the
@@ -53,12 +62,36 @@ class KVCache:
         self.num_blocks = num_blocks
         self.reserved_blocks = reserved_blocks
         self.block_size = block_size
+        self.format = shape.format
         dims = (num_blocks + reserved_blocks, block_size, shape.num_kv_heads, shape.head_dim)
-        self.keys = [_zeros(dims, shape.dtype, device) for _ in range(shape.num_layers)]
-        self.values = [_zeros(dims, shape.dtype, device) for _ in range(shape.num_layers)]
-        flat = (dims[0] * block_size, shape.num_kv_heads, shape.head_dim)
-        self.flat_keys = [k.view(flat) for k in self.keys]
-        self.flat_values = [v.view(flat) for v in self.values]
+        self.keys, self.flat_keys = _layers(dims, self.format.storage, device, shape.num_layers)
+        self.values, self.flat_values = _layers(dims, self.format.storage, device, shape.num_layers)
+        self.key_scales = self.value_scales = self.flat_key_scales = self.flat_value_scales = []
+        if self.format.scaled:
+            scale_dims = (*dims[:3], shape.head_dim // kv_format.Q8_GROUP)
+            self.key_scales, self.flat_key_scales = _layers(scale_dims, torch.float16, device, shape.num_layers)
+            self.value_scales, self.flat_value_scales = _layers(scale_dims, torch.float16, device, shape.num_layers)
+
+    def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store ``key`` and ``value`` (``[T, kv_heads, head_dim]``, any float dtype) at ``slots`` ``[T]``."""
+        for new, flat, flat_scales in ((key, self.flat_keys, self.flat_key_scales),
+                                       (value, self.flat_values, self.flat_value_scales)):
+            stored, scales = kv_format.encode(self.format, new)
+            flat[layer].index_copy_(0, slots, stored)
+            if scales is not None:
+                flat_scales[layer].index_copy_(0, slots, scales)
+
+    def read(self, layer: int, blocks: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of ``blocks`` (block ids of any shape, or a slice of consecutive blocks), each
+        ``[*blocks, block_size, kv_heads, head_dim]`` in the compute dtype."""
+        return self._read(self.keys, self.key_scales, layer, blocks), self._read(self.values, self.value_scales,
+                                                                                 layer, blocks)
+
+    def _read(self, stored: list[torch.Tensor], scales: list[torch.Tensor], layer: int,
+              blocks: torch.Tensor | slice) -> torch.Tensor:
+        picked = _pick(stored[layer], blocks)
+        return kv_format.decode(self.format, picked, _pick(scales[layer], blocks) if scales else None,
+                                self.shape.dtype)
 
     @property
     def scratch_block(self) -> int | None:
@@ -69,6 +102,19 @@ class KVCache:
     def memory_bytes(self) -> int:
         """Bytes of every block, the reserved ones included."""
         return (self.num_blocks + self.reserved_blocks) * self.block_size * self.shape.bytes_per_token()
+
+
+def _layers(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+            count: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``count`` zeroed tensors of ``dims``, and their flat views ``[blocks * block_size, ...]`` (one row a slot)."""
+    tensors = [_zeros(dims, dtype, device) for _ in range(count)]
+    return tensors, [t.view(dims[0] * dims[1], *dims[2:]) for t in tensors]
+
+
+def _pick(tensor: torch.Tensor, blocks: torch.Tensor | slice) -> torch.Tensor:
+    if isinstance(blocks, slice):
+        return tensor[blocks]
+    return tensor.index_select(0, blocks) if blocks.dim() == 1 else tensor[blocks]
 
 
 def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

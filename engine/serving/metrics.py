@@ -147,6 +147,8 @@ class EngineStats:
     inter_token_p99_s: float | None = None  # the gap between a reply's tokens, p99 over the last seconds
     inter_token_max_s: float | None = None
     cpu: CpuUsage | None = None  # the CPU threads and the contention seen; None on a GPU and for remote engines
+    kv_cache_dtype: str = ""  # how the KV cache stores keys and values (engine/serving/kv_format.py)
+    kv_cache_dtype_reason: str = ""  # why that format (auto's measurement, or the settings)
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,58 +199,54 @@ def paged_attention(
     """transformers attention entry point. ``query``: ``[1, H, T, D]``; returns ``[1, T, H, D]``."""
     if kvasir is None:
         raise RuntimeError("kvasir_paged attention needs the engine's step metadata")
-    layer = module.layer_idx
-    flat_k, flat_v = kvasir.kv_cache.flat_keys[layer], kvasir.kv_cache.flat_values[layer]
-    flat_k.index_copy_(0, kvasir.slot_mapping, key[0].transpose(0, 1).to(flat_k.dtype))
-    flat_v.index_copy_(0, kvasir.slot_mapping, value[0].transpose(0, 1).to(flat_v.dtype))
+    layer, cache = module.layer_idx, kvasir.kv_cache
+    cache.write(layer, kvasir.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
     q = query[0].transpose(0, 1)  # [T, H, D]
     if kvasir.flash is not None:
         out = _flash_attention(q, kvasir.kv_cache, layer, kvasir.flash, scaling)
     elif kvasir.flex is not None:
         out = flex_paged_attention(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], kvasir.flex, scaling)
     else:
-        keys, values = kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer]
         decode, prefill = kvasir.decode, kvasir.prefill
         if decode is not None and decode.is_whole_step:
-            out = attend_group(q, keys, values, decode, scaling).reshape(q.shape)
+            out = attend_group(q, cache, layer, decode, scaling).reshape(q.shape)
         else:
             out = torch.empty_like(q)
             if decode is not None:  # one query per sequence: no padding, so no boolean indexing
-                out[decode.query_index.view(-1)] = attend_group(q, keys, values, decode, scaling).reshape(
+                out[decode.query_index.view(-1)] = attend_group(q, cache, layer, decode, scaling).reshape(
                     -1, *q.shape[1:])
             if prefill is not None:
-                attend_sequences(out, q, keys, values, prefill, scaling)
+                attend_sequences(out, q, cache, layer, prefill, scaling)
     return out.unsqueeze(0), None
 
 
-def _gather(cache: torch.Tensor, group: GroupMetadata) -> torch.Tensor:
-    """Each sequence's keys or values, ``[B, kv_heads, L, D]``, copied block by block (large contiguous rows)."""
-    if group.first_block is not None:  # a view, no copy
-        blocks = cache[group.first_block : group.first_block + group.kv_blocks.numel()]
+def _gather(cache: KVCache, layer: int, group: GroupMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's keys and values, ``[B, kv_heads, L, D]``, read block by block (large contiguous rows)."""
+    if group.first_block is not None:  # consecutive blocks: a view where the cache is in the compute dtype
+        keys, values = cache.read(layer, slice(group.first_block, group.first_block + group.kv_blocks.numel()))
     else:
-        blocks = cache.index_select(0, group.kv_blocks)  # [B * N, block_size, kv_heads, D]
+        keys, values = cache.read(layer, group.kv_blocks)  # [B * N, block_size, kv_heads, D]
     batch = group.query_index.shape[0]
-    per_sequence = blocks.view(batch, -1, *cache.shape[2:])[:, : group.kv_width]
-    return per_sequence.transpose(1, 2)
+    return tuple(blocks.view(batch, -1, *blocks.shape[2:])[:, : group.kv_width].transpose(1, 2)
+                 for blocks in (keys, values))
 
 
 def attend_group(
     q: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
+    cache: KVCache,
+    layer: int,
     group: GroupMetadata,
     scaling: float | None,
 ) -> torch.Tensor:
     num_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = cache_k.shape[2]
+    kv_heads = cache.shape.num_kv_heads
     groups = num_heads // kv_heads
     batch, q_width = group.query_index.shape
     # [B, Q, H, D] -> [B, kv_heads, groups * Q, D]: query heads that share a KV head are attended together.
     queries = q if group.is_whole_step else q.index_select(0, group.query_index.view(-1))
     queries = queries.view(batch, q_width, kv_heads, groups, head_dim)
     queries = queries.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, groups * q_width, head_dim)
-    keys = _gather(cache_k, group)  # [B, kv_heads, L, D]
-    values = _gather(cache_v, group)
+    keys, values = _gather(cache, layer, group)  # [B, kv_heads, L, D]
     attended = F.scaled_dot_product_attention(
         queries, keys.to(queries.dtype), values.to(queries.dtype), attn_mask=group.mask_for_groups(groups),
         scale=scaling,
@@ -262,8 +258,8 @@ def attend_group(
 def attend_sequences(
     out: torch.Tensor,
     q: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
+    cache: KVCache,
+    layer: int,
     group: GroupMetadata,
     scaling: float | None,
 ) -> None:
@@ -272,19 +268,19 @@ def attend_sequences(
     ``q`` and ``out``: ``[T, H, D]``. Each sequence's queries are its last ``n`` positions, so key ``k`` is
     visible to query ``i`` when ``k <= keys - n + i`` (causal, aligned to the bottom right): SDPA takes that
     as ``causal_lower_right``, with no dense mask, and query heads that share a KV head as ``enable_gqa``.
-    Keys are read in place where a sequence's blocks are consecutive in the pool, else gathered block by block.
+    Keys are read in place where a sequence's blocks are consecutive in the pool (and the cache is in the compute
+    dtype), else gathered block by block.
     Every index is a Python number: no wait for the device.
     """
     width = group.blocks_per_sequence
     from torch.nn.attention.bias import causal_lower_right  # here: the module brings in torch's compiler (a second)
 
     for row, (offset, count, length, first) in enumerate(group.sequences):
-        used = -(-length // cache_k.shape[1])
+        used = -(-length // cache.block_size)
         if first is not None:
-            keys, values = cache_k[first : first + used], cache_v[first : first + used]
+            keys, values = cache.read(layer, slice(first, first + used))
         else:
-            blocks = group.kv_blocks[row * width : row * width + used]
-            keys, values = cache_k.index_select(0, blocks), cache_v.index_select(0, blocks)
+            keys, values = cache.read(layer, group.kv_blocks[row * width : row * width + used])
         keys = keys.flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)  # [1, KH, L, D]
         values = values.flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)
         queries = q[offset : offset + count].transpose(0, 1)[None]  # [1, H, n, D]

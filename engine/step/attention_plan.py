@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig
+from ..serving.kv_format import KVFormat
 from . import attention, flex_attention
 from .attention_backend import choose_backend
 
@@ -26,11 +27,17 @@ class AttentionPlan:
     block_size: int
 
 
-def plan_attention(config: EngineConfig, device: torch.device, head_dim: int, dtype: torch.dtype) -> AttentionPlan:
-    """The backend ``config`` gets for a model of ``head_dim`` computing in ``dtype`` on ``device``."""
+def plan_attention(config: EngineConfig, device: torch.device, head_dim: int, dtype: torch.dtype,
+                   kv: KVFormat | None = None) -> AttentionPlan:
+    """The backend ``config`` gets for a model of ``head_dim`` computing in ``dtype`` on ``device``, its KV cache
+    stored as ``kv`` (None: in ``dtype``). flash-attn and FlexAttention read the cache as it is stored, so they
+    run only on a cache in the compute dtype; the torch path converts the blocks it reads."""
     wanted, on_cuda = config.attention_backend, device.type == "cuda"
-    flash = _flash_problem(device, head_dim, dtype) if on_cuda and wanted in ("auto", "flash_attn") else None
-    backend, reason = choose_backend(wanted, on_cuda, flash, flex_attention.flex_problem(device))
+    converted = kv is not None and kv.storage != dtype
+    stored = f"the KV cache is stored as {kv.name}, and only the torch path reads that" if converted else None
+    flash = stored or (_flash_problem(device, head_dim, dtype) if on_cuda and wanted in ("auto", "flash_attn")
+                       else None)
+    backend, reason = choose_backend(wanted, on_cuda, flash, stored or flex_attention.flex_problem(device))
     block_size = backend_block_size(backend, config.block_size, device)
     if block_size != config.block_size:
         reason += f"; {block_size}-token KV blocks, the kernel's multiple (block_size={config.block_size} asked)"

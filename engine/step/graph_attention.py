@@ -52,14 +52,11 @@ class GraphDecodeMetadata:
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                scaling: float | None) -> torch.Tensor:
         """Write this step's keys and values, attend; ``query``: ``[1, H, B, D]``; returns ``[1, B, H, D]``."""
-        flat_k, flat_v = self.kv_cache.flat_keys[layer], self.kv_cache.flat_values[layer]
-        flat_k.index_copy_(0, self.slot_mapping, key[0].transpose(0, 1).to(flat_k.dtype))
-        flat_v.index_copy_(0, self.slot_mapping, value[0].transpose(0, 1).to(flat_v.dtype))
+        self.kv_cache.write(layer, self.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
         q = query[0].transpose(0, 1)  # [B, H, D]
-        cache_k, cache_v = self.kv_cache.keys[layer], self.kv_cache.values[layer]
-        if self.flash is not None:
-            return _flash_decode(q, cache_k, cache_v, self, scaling)
-        return _torch_decode(q, cache_k, cache_v, self, scaling)
+        if self.flash is not None:  # flash-attn runs only on a cache in the compute dtype (attention_plan)
+            return _flash_decode(q, self.kv_cache.keys[layer], self.kv_cache.values[layer], self, scaling)
+        return _torch_decode(q, self.kv_cache, layer, self, scaling)
 
 
 def graph_decode_metadata(kv_cache: KVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
@@ -81,22 +78,17 @@ def graph_decode_metadata(kv_cache: KVCache, positions: torch.Tensor, slot_mappi
                                visible[:, None, None, :])
 
 
-def _torch_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, meta: GraphDecodeMetadata,
+def _torch_decode(q: torch.Tensor, cache: KVCache, layer: int, meta: GraphDecodeMetadata,
                   scaling: float | None) -> torch.Tensor:
     batch, heads, head_dim = q.shape
-    kv_heads = cache_k.shape[2]
+    kv_heads = cache.shape.num_kv_heads
     # query heads that share a KV head are attended together: [B, kv_heads, groups, D], as the eager path does
     queries = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    keys = _read_blocks(cache_k, meta.block_table).to(q.dtype)
-    values = _read_blocks(cache_v, meta.block_table).to(q.dtype)
+    # each row's W blocks in table order, [B, W, block_size, kv_heads, D] -> [B, kv_heads, W * block_size, D]
+    keys, values = (blocks.flatten(1, 2).transpose(1, 2).to(q.dtype)
+                    for blocks in cache.read(layer, meta.block_table))
     attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.key_mask, scale=scaling)
     return attended.reshape(batch, heads, head_dim).unsqueeze(0)
-
-
-def _read_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """``[B, kv_heads, W * block_size, D]``: each row's ``W`` blocks, in table order."""
-    blocks = cache[block_table]  # [B, W, block_size, kv_heads, D]
-    return blocks.flatten(1, 2).transpose(1, 2)
 
 
 def _flash_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, meta: GraphDecodeMetadata,

@@ -66,8 +66,10 @@ class NativeDecoder:
         decode = meta.decode
         if self._one_call and meta.prefill is None and decode is not None and decode.is_whole_step:
             tables = decode.kv_blocks.view(decode.kv_lengths.numel(), -1)
-            ops.decode_layers_(residual, cos, sin, meta.slot_mapping, tables, decode.kv_lengths, meta.kv_cache.keys,
-                               meta.kv_cache.values, self._step_weights, self._step_kinds, *self._step_shape)
+            cache = meta.kv_cache
+            ops.decode_layers_(residual, cos, sin, meta.slot_mapping, tables, decode.kv_lengths, cache.keys,
+                               cache.values, cache.key_scales, cache.value_scales, self._step_weights,
+                               self._step_kinds, *self._step_shape)
             return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm))
         normed = ops.rms_norm(residual, *self.layers[0].input_norm)
         last = len(self.layers) - 1
@@ -122,8 +124,7 @@ class _NativeLayer:
         cache = meta.kv_cache
         key = qkv[:, q_width : q_width + kv_width].view(tokens, self.kv_heads, self.head_dim)
         value = qkv[:, q_width + kv_width :].view(tokens, self.kv_heads, self.head_dim)
-        cache.flat_keys[self.index].index_copy_(0, meta.slot_mapping, key)
-        cache.flat_values[self.index].index_copy_(0, meta.slot_mapping, value)
+        cache.write(self.index, meta.slot_mapping, key, value)
         query = qkv[:, :q_width]
         decode, prefill = meta.decode, meta.prefill
         if prefill is None and decode.is_whole_step:
@@ -134,13 +135,22 @@ class _NativeLayer:
             out[rows] = self._decode(query.index_select(0, rows), decode, cache)
         if prefill is not None:
             queries = query.reshape(tokens, self.heads, self.head_dim)
-            attend_sequences(out.view(tokens, self.heads, self.head_dim), queries, cache.keys[self.index],
-                             cache.values[self.index], prefill, self.scaling)
+            attend_sequences(out.view(tokens, self.heads, self.head_dim), queries, cache, self.index, prefill,
+                             self.scaling)
         return self.o_proj(out)
 
     def _decode(self, query: torch.Tensor, group: GroupMetadata, cache) -> torch.Tensor:
         tables = group.kv_blocks.view(group.kv_lengths.numel(), -1)
+        key_scales, value_scales = _scales(cache.key_scales, self.index), _scales(cache.value_scales, self.index)
         return torch.ops.kvasir_kernels.paged_decode_attention(
-            query, cache.keys[self.index], cache.values[self.index], tables, group.kv_lengths, self.heads,
-            self.scaling,
+            query, cache.keys[self.index], cache.values[self.index], key_scales, value_scales, tables,
+            group.kv_lengths, self.heads, self.scaling,
         )
+
+
+_NO_SCALES = torch.empty(0, dtype=torch.float16)
+
+
+def _scales(scales: list[torch.Tensor], layer: int) -> torch.Tensor:
+    """A layer's q8_0 scales, or an empty tensor where the cache has none (the kernels' convention)."""
+    return scales[layer] if scales else _NO_SCALES

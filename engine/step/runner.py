@@ -8,7 +8,7 @@ import torch
 
 from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
-from .attention import SequenceSlice, build_metadata
+from .attention import SequenceSlice, StepMetadata, build_metadata
 from .cuda_graphs import DecodeGraphs, GraphLimits
 from .flex_attention import compile_failure_reason, flex_compile_failures
 from .lean_decoder import LeanDecoder, lean_decoder_for
@@ -74,6 +74,11 @@ class ModelRunner:
 
     def _forward(self, input_ids, slices, sample_index) -> torch.Tensor:
         meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
+        return self.logits(input_ids, meta, sample_index)
+
+    def logits(self, input_ids: torch.Tensor, meta: StepMetadata, sample_index: torch.Tensor) -> torch.Tensor:
+        """The model on ``input_ids`` ``[T]`` with ``meta``'s cache and positions; the logits of the rows in
+        ``sample_index``. Also for a cache other than the engine's (``eval-quant --kv`` scores through one)."""
         if self.lean:
             return self.lean(input_ids, meta, sample_index)
         return self._transformers_forward(input_ids, meta, sample_index)

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from ..config import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
+from ..config import AUTO_QUANTIZATION_RULE, KV_CACHE_DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
 from ..sampling_params import CHAT_SAMPLING
 from ..step.attention_backend import ATTENTION_BACKENDS
@@ -24,6 +24,9 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--kv-blocks", type=int, default=None, help="size of the KV pool in blocks")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="how the KV cache stores keys and values (auto: the smallest format measured to keep "
+                             "quality and speed on this model, see eval-quant --kv)")
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="run every step eagerly on a GPU (decode steps replay from CUDA graphs by default)")
     parser.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS,
@@ -116,6 +119,10 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="auto")
     evaluate.add_argument("--modes", default=",".join(WEIGHT_MODES))
     evaluate.add_argument("--json", action="store_true")
+    evaluate.add_argument("--kv", action="store_true",
+                          help="the KV cache formats instead: quality against a float32 cache and decode speed, "
+                               "kept for kv_cache_dtype=auto")
+    evaluate.add_argument("--quant", default="auto", choices=QUANTIZATIONS, help="the weights' quantisation (--kv)")
     return parser
 
 
@@ -136,6 +143,7 @@ def config_from(args) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         num_kv_blocks=args.kv_blocks,
+        kv_cache_dtype=args.kv_cache_dtype,
         cuda_graphs=args.cuda_graphs,
         attention_backend=args.attention,
     )
@@ -336,6 +344,8 @@ def estimate_for(spec: str, quant: str, device: str, dtype: str):
 
 
 def cmd_eval_quant(args) -> int:
+    if args.kv:
+        return _eval_kv(args)
     from .evaluation import evaluate, markdown_table, to_json
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -345,6 +355,19 @@ def cmd_eval_quant(args) -> int:
     print(markdown_table(results, args.model, str(resolve_device(args.device)[0])))
     if args.json:
         print(to_json(results))
+    return 0
+
+
+def _eval_kv(args) -> int:
+    from dataclasses import asdict
+
+    from ..devices import resolve_device
+    from .kv_evaluation import evaluate_kv, markdown_table
+
+    rows = evaluate_kv(model_spec(args.model), args.device, args.quant, progress=lambda m: print(m, file=sys.stderr))
+    print(markdown_table(rows, args.model, str(resolve_device(args.device)[0])))
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows]))
     return 0
 
 

@@ -249,7 +249,8 @@ def test_paged_decode_attention_equals_sdpa_over_each_sequences_blocks():
     tables = torch.tensor([[7, 2, 9, 0], [3, 11, 0, 0], [5, 0, 0, 0]])
     lengths = torch.tensor([14, 6, 1])
     query = torch.randn(3, heads * dim)
-    got = ops.paged_decode_attention(query, keys, values, tables, lengths, heads, 0.3)
+    none = torch.empty(0, dtype=torch.float16)  # a float32 cache has no scales
+    got = ops.paged_decode_attention(query, keys, values, none, none, tables, lengths, heads, 0.3)
     for b in range(3):
         k = keys[tables[b]].reshape(-1, kv_heads, dim)[: lengths[b]].repeat_interleave(heads // kv_heads, 1)
         v = values[tables[b]].reshape(-1, kv_heads, dim)[: lengths[b]].repeat_interleave(heads // kv_heads, 1)
@@ -257,7 +258,7 @@ def test_paged_decode_attention_equals_sdpa_over_each_sequences_blocks():
         want = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), scale=0.3)
         torch.testing.assert_close(got[b], want.reshape(-1), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="length"):
-        ops.paged_decode_attention(query, keys, values, tables, torch.tensor([14, 6, 17]), heads, 0.3)
+        ops.paged_decode_attention(query, keys, values, none, none, tables, torch.tensor([14, 6, 17]), heads, 0.3)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 
 from PySide6.QtCore import QObject, Signal
 
@@ -72,6 +73,14 @@ class FakeBridge(QObject):
 
     def set_cpu_options(self, threads, lower_priority) -> None:
         self.cpu_options = (threads, lower_priority)
+
+    def check_kv_formats(self) -> Future:
+        """A finished check, with figures for two formats (as the engine's check gives them)."""
+        from engine import KVQuality
+
+        done = Future()
+        done.set_result([KVQuality("float32", 0.0, 1.0, 20.0, 1024), KVQuality("q8_0", 0.0091, 0.944, 20.3, 272)])
+        return done
 
     def shutdown(self) -> None:
         pass

@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <cstring>
 #include <vector>
 
 #include "kernels.h"
@@ -34,19 +33,22 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& groups, int64_t kind, c
   return out;
 }
 
-// The new keys and values of each token into its cache slot (rows of [tokens, (H + 2 KH) * D] after the queries).
+// The new keys and values of each token into its cache slot (rows of [tokens, (H + 2 KH) * D] after the queries),
+// in the cache's stored format.
 void write_cache(const at::Tensor& qkv, const at::Tensor& slot_mapping, int64_t queries, int64_t width,
-                 at::Tensor& key_cache, at::Tensor& value_cache) {
+                 at::Tensor& key_cache, at::Tensor& value_cache, at::Tensor& key_scales, at::Tensor& value_scales) {
   const int64_t slots = key_cache.numel() / width;
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
-  float* keys = key_cache.data_ptr<float>();
-  float* values = value_cache.data_ptr<float>();
   for (int64_t t = 0; t < qkv.size(0); ++t) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "cache slot out of range");
     const float* row = qkv.data_ptr<float>() + t * qkv.stride(0) + queries;
-    std::memcpy(keys + slot[t] * width, row, width * sizeof(float));
-    std::memcpy(values + slot[t] * width, row + width, width * sizeof(float));
+    kvasir::store_kv(row, width, key_cache, key_scales, slot[t] * width);
+    kvasir::store_kv(row + width, width, value_cache, value_scales, slot[t] * width);
   }
+}
+
+at::Tensor scales_of(at::TensorList scales, int64_t layer) {
+  return scales.empty() ? at::Tensor(at::empty({0}, at::kHalf)) : scales[layer];
 }
 
 }  // namespace
@@ -57,10 +59,12 @@ namespace kvasir {
 // down_blocks, down_bias (an empty tensor where there is no bias); kinds: per layer the block kind of qkv, o,
 // gate_up and down (0: Q4_1, 1: Q8_0, 2: Q4_1 with float32 scales). residual [T, hidden] is updated in place:
 // it leaves as the last layer's output, before the final norm.
+// key_scales / value_scales: per layer the q8_0 caches' scales, empty lists for the float caches.
 void decode_layers_(at::Tensor& residual, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
                     const at::Tensor& block_tables, const at::Tensor& lengths, at::TensorList key_caches,
-                    at::TensorList value_caches, at::TensorList weights, at::IntArrayRef kinds, int64_t heads,
-                    int64_t kv_heads, double eps, double scale) {
+                    at::TensorList value_caches, at::TensorList key_scales, at::TensorList value_scales,
+                    at::TensorList weights, at::IntArrayRef kinds, int64_t heads, int64_t kv_heads, double eps,
+                    double scale) {
   const int64_t layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(residual.is_contiguous() && residual.scalar_type() == at::kFloat && residual.dim() == 2,
               "residual must be a contiguous float32 [tokens, hidden] tensor");
@@ -68,6 +72,9 @@ void decode_layers_(at::Tensor& residual, const at::Tensor& cos, const at::Tenso
                   static_cast<int64_t>(weights.size()) == layers * kWeightsPerLayer &&
                   static_cast<int64_t>(kinds.size()) == layers * kMatricesPerLayer,
               "one cache pair, ", kWeightsPerLayer, " weights and ", kMatricesPerLayer, " kinds per layer");
+  TORCH_CHECK(key_scales.size() == value_scales.size() &&
+                  (key_scales.empty() || static_cast<int64_t>(key_scales.size()) == layers),
+              "scales for every layer's keys and values, or for none");
   TORCH_CHECK(slot_mapping.is_contiguous() && slot_mapping.scalar_type() == at::kLong &&
                   slot_mapping.numel() == residual.size(0), "slot_mapping must be int64 [tokens]");
   const int64_t dim = cos.size(1), queries = heads * dim, kv_width = kv_heads * dim;
@@ -78,9 +85,10 @@ void decode_layers_(at::Tensor& residual, const at::Tensor& cos, const at::Tenso
     at::Tensor qkv = linear(normed, w[1], kind[0], w[2]);
     rotary_qk_(qkv, heads, kv_heads, cos, sin);
     at::Tensor key_cache = key_caches[l], value_cache = value_caches[l];
-    write_cache(qkv, slot_mapping, queries, kv_width, key_cache, value_cache);
-    at::Tensor attended = paged_decode_attention(qkv.narrow(1, 0, queries), key_cache, value_cache, block_tables,
-                                                 lengths, heads, scale);
+    at::Tensor key_scale = scales_of(key_scales, l), value_scale = scales_of(value_scales, l);
+    write_cache(qkv, slot_mapping, queries, kv_width, key_cache, value_cache, key_scale, value_scale);
+    at::Tensor attended = paged_decode_attention(qkv.narrow(1, 0, queries), key_cache, value_cache, key_scale,
+                                                 value_scale, block_tables, lengths, heads, scale);
     normed = add_rms_norm_(residual, linear(attended, w[3], kind[1], w[4]), w[5], eps);
     at::Tensor mlp = linear(silu_mul(linear(normed, w[6], kind[2], w[7])), w[8], kind[3], w[9]);
     if (l + 1 < layers) {
@@ -95,7 +103,8 @@ void decode_layers_(at::Tensor& residual, const at::Tensor& cos, const at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(kvasir_kernels, m) {
   m.def("decode_layers_(Tensor(a!) residual, Tensor cos, Tensor sin, Tensor slot_mapping, Tensor block_tables, "
-        "Tensor lengths, Tensor[] key_caches, Tensor[] value_caches, Tensor[] weights, int[] kinds, "
+        "Tensor lengths, Tensor[] key_caches, Tensor[] value_caches, Tensor[] key_scales, Tensor[] value_scales, "
+        "Tensor[] weights, int[] kinds, "
         "int heads, int kv_heads, float eps, float scale) -> ()");
 }
 

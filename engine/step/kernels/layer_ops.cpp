@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -134,6 +135,77 @@ struct PagedKV {
     return cache + ((block * block_size + pos % block_size) * kv_heads + first) * dim;
   }
 };
+
+// -- the cache's stored formats (engine/serving/kv_format.py): the same bytes as its torch writes ---------------
+
+constexpr int64_t kQ8Group = 32;
+
+enum class Stored { kFloat, kBFloat16, kHalf, kQ8_0 };
+
+Stored stored_format(const at::Tensor& cache, const at::Tensor& scales) {
+  switch (cache.scalar_type()) {
+    case at::kFloat: return Stored::kFloat;
+    case at::kBFloat16: return Stored::kBFloat16;
+    case at::kHalf: return Stored::kHalf;
+    case at::kChar:
+      TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.numel() * kQ8Group == cache.numel(),
+                  "a q8_0 cache needs one float16 scale per 32 values");
+      return Stored::kQ8_0;
+    default: TORCH_CHECK(false, "the KV cache must be float32, bfloat16, float16 or q8_0 (int8 with scales)");
+  }
+}
+
+// out[0 .. count) = the stored values from element `offset` on, as float32
+void load_kv(Stored format, const void* data, const at::Half* scales, int64_t offset, int64_t count, float* out) {
+  switch (format) {
+    case Stored::kFloat:
+      std::copy_n(static_cast<const float*>(data) + offset, count, out);
+      return;
+    case Stored::kBFloat16: {
+      const uint16_t* in = static_cast<const uint16_t*>(data) + offset;
+      for (int64_t j = 0; j < count; ++j) {
+        const uint32_t bits = static_cast<uint32_t>(in[j]) << 16;
+        std::memcpy(out + j, &bits, sizeof(float));
+      }
+      return;
+    }
+    case Stored::kHalf: {
+      const at::Half* in = static_cast<const at::Half*>(data) + offset;
+      int64_t j = 0;
+#ifdef KVASIR_AVX2
+      for (; j + 8 <= count; j += 8) {
+        _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j))));
+      }
+#endif
+      for (; j < count; ++j) out[j] = static_cast<float>(in[j]);
+      return;
+    }
+    case Stored::kQ8_0: {
+      const int8_t* in = static_cast<const int8_t*>(data) + offset;
+      const at::Half* scale = scales + offset / kQ8Group;
+      for (int64_t g = 0; g < count / kQ8Group; ++g) {
+        const float d = static_cast<float>(scale[g]);
+        for (int64_t j = g * kQ8Group; j < (g + 1) * kQ8Group; ++j) out[j] = static_cast<float>(in[j]) * d;
+      }
+      return;
+    }
+  }
+}
+
+// The q8_0 rule of kv_format.quantize_q8_0: d = max|x| / 127, q = round-half-even(x / d) through 1 / d
+void store_q8_0(const float* values, int64_t count, int8_t* quants, at::Half* scales) {
+  for (int64_t g = 0; g < count / kQ8Group; ++g) {
+    const float* x = values + g * kQ8Group;
+    float top = 0.f;
+    for (int64_t j = 0; j < kQ8Group; ++j) top = std::max(top, std::fabs(x[j]));
+    const float d = top / 127.f, inverse = d > 0.f ? 1.f / d : 0.f;
+    for (int64_t j = 0; j < kQ8Group; ++j) {
+      const float q = std::nearbyint(x[j] * inverse);
+      quants[g * kQ8Group + j] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q)));
+    }
+    scales[g] = at::Half(d);
+  }
+}
 
 void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, const float* q, float* o,
                      int64_t first, int64_t last, int64_t group, float scale, std::vector<float>& scores) {
@@ -284,13 +356,44 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 // One new query token per sequence, attended over that sequence's first `lengths[b]` cached positions.
 // query: [B, H * D] (rows may be strided), caches: [blocks, block_size, KH, D], block_tables: [B, W] int64.
+void store_kv(const float* values, int64_t count, at::Tensor& cache, at::Tensor& scales, int64_t offset) {
+  switch (stored_format(cache, scales)) {
+    case Stored::kFloat:
+      std::copy_n(values, count, cache.data_ptr<float>() + offset);
+      return;
+    case Stored::kBFloat16: {
+      at::BFloat16* out = cache.data_ptr<at::BFloat16>() + offset;
+      for (int64_t j = 0; j < count; ++j) out[j] = at::BFloat16(values[j]);
+      return;
+    }
+    case Stored::kHalf: {
+      at::Half* out = cache.data_ptr<at::Half>() + offset;
+      for (int64_t j = 0; j < count; ++j) out[j] = at::Half(values[j]);
+      return;
+    }
+    case Stored::kQ8_0:
+      TORCH_CHECK(offset % kQ8Group == 0 && count % kQ8Group == 0, "q8_0 is written in whole groups of 32");
+      store_q8_0(values, count, cache.data_ptr<int8_t>() + offset, scales.data_ptr<at::Half>() + offset / kQ8Group);
+      return;
+  }
+}
+
+// A cache of another stored format than float32: per task, the sequence's keys and values for its kv heads are
+// first read into float32 rows of one contiguous block (a few hundred KB at most, kept in cache), then
+// attended as a float32 cache is.
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                  const at::Tensor& key_scales, const at::Tensor& value_scales,
                                   const at::Tensor& block_tables, const at::Tensor& lengths, int64_t heads,
                                   double scale) {
   check_rows(query, "query");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.dim() == 4 &&
-                  key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == at::kFloat,
-              "caches must be contiguous float32 [blocks, block_size, kv_heads, head_dim]");
+                  key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == value_cache.scalar_type(),
+              "caches must be contiguous [blocks, block_size, kv_heads, head_dim] of one type");
+  const Stored format = stored_format(key_cache, key_scales);
+  TORCH_CHECK(stored_format(value_cache, value_scales) == format, "keys and values must be stored alike");
+  TORCH_CHECK(format != Stored::kQ8_0 || (key_scales.is_contiguous() && value_scales.is_contiguous() &&
+                                          key_cache.size(3) % kQ8Group == 0),
+              "q8_0 caches need contiguous scales and a head size that is a multiple of 32");
   TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong && block_tables.dim() == 2 &&
                   lengths.is_contiguous() && lengths.scalar_type() == at::kLong &&
                   lengths.numel() == query.size(0) && block_tables.size(0) == query.size(0),
@@ -304,18 +407,38 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "sequence length out of its block table");
   }
   at::Tensor out = at::empty({batch, heads * dim}, query.options());
-  const PagedKV kv{key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), key_cache.size(0), block_size,
-                   kv_heads, dim};
+  const bool in_place = format == Stored::kFloat;
+  const PagedKV kv{in_place ? key_cache.data_ptr<float>() : nullptr, in_place ? value_cache.data_ptr<float>() : nullptr,
+                   key_cache.size(0), block_size, kv_heads, dim};
+  const at::Half* key_scale = format == Stored::kQ8_0 ? key_scales.data_ptr<at::Half>() : nullptr;
+  const at::Half* value_scale = format == Stored::kQ8_0 ? value_scales.data_ptr<at::Half>() : nullptr;
   // a task per sequence where there are enough of them, else per sequence and kv head
   const int64_t splits = batch >= 2 * at::get_num_threads() ? 1 : kv_heads;
   at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, keys, values;
+    const int64_t zero_block = 0;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / splits, part = task % splits;
+      const int64_t b = task / splits, part = task % splits, length = lens[b];
       const int64_t first = part * kv_heads / splits, last = (part + 1) * kv_heads / splits;
       const float* q = query.data_ptr<float>() + b * query.stride(0) + first * group * dim;
       float* o = out.data_ptr<float>() + b * heads * dim + first * group * dim;
-      attend_sequence(kv, tables + b * width, lens[b], q, o, first, last, group, static_cast<float>(scale), scores);
+      const int64_t* table = tables + b * width;
+      if (in_place) {
+        attend_sequence(kv, table, length, q, o, first, last, group, static_cast<float>(scale), scores);
+        continue;
+      }
+      const int64_t run = (last - first) * dim;  // one position's values for these kv heads
+      keys.resize(static_cast<size_t>(length * run));
+      values.resize(static_cast<size_t>(length * run));
+      for (int64_t pos = 0; pos < length; ++pos) {
+        const int64_t block = table[pos / block_size];
+        TORCH_CHECK(block >= 0 && block < kv.num_blocks, "block id out of the cache");
+        const int64_t offset = ((block * block_size + pos % block_size) * kv_heads + first) * dim;
+        load_kv(format, key_cache.data_ptr(), key_scale, offset, run, keys.data() + pos * run);
+        load_kv(format, value_cache.data_ptr(), value_scale, offset, run, values.data() + pos * run);
+      }
+      const PagedKV rows{keys.data(), values.data(), 1, length, last - first, dim};
+      attend_sequence(rows, &zero_block, length, q, o, 0, last - first, group, static_cast<float>(scale), scores);
     }
   });
   return out;
@@ -328,8 +451,8 @@ TORCH_LIBRARY_FRAGMENT(kvasir_kernels, m) {
   m.def("add_rms_norm_(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rotary_qk_(Tensor(a!) qkv, int heads, int kv_heads, Tensor cos, Tensor sin) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
-  m.def("paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
-        "Tensor lengths, int heads, float scale) -> Tensor");
+  m.def("paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor key_scales, "
+        "Tensor value_scales, Tensor block_tables, Tensor lengths, int heads, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {

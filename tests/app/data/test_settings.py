@@ -7,7 +7,15 @@ import os
 
 import pytest
 
-from app.data.settings import DEFAULTS, Settings, SettingsError, engine_cpu_options, load_presets, sampling_problems
+from app.data.settings import (
+    DEFAULTS,
+    Settings,
+    SettingsError,
+    engine_cpu_options,
+    engine_load_options,
+    load_presets,
+    sampling_problems,
+)
 from app.dialogs.chat_settings import ChatSettingsDialog
 from app.dialogs.preferences import PreferencesDialog
 from engine import EngineConfig
@@ -61,6 +69,15 @@ def test_the_cpu_settings_keep_what_the_engine_takes_and_nothing_else(tmp_path, 
     options = engine_cpu_options(settings)
     assert options == {"threads": None if threads == "auto" else threads, "lower_priority": lower}
     EngineConfig(**options)  # the engine takes them
+
+
+@pytest.mark.parametrize(("saved", "kept"), [("q8_0", "q8_0"), ("fp8", "fp8"), ("q4_0", "auto"), (8, "auto")])
+def test_the_kv_cache_format_keeps_what_the_engine_takes(tmp_path, saved, kept):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"kv_cache_dtype": saved, "threads": 2}))
+    options = engine_load_options(Settings(path))
+    assert options == {"threads": 2, "lower_priority": False, "kv_cache_dtype": kept}
+    EngineConfig(**options)
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "\"settings\"", "{\"theme\": ", "\udcff"])

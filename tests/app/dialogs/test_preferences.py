@@ -1,6 +1,8 @@
 """Preferences: each setting is saved and takes effect: the theme at once, the text size at once, the persona
 and the sampling for the next new chat."""
 
+import asyncio
+
 import pytest
 
 from app.data.settings import DEFAULTS, Settings
@@ -97,3 +99,41 @@ def test_the_cpu_form_shows_what_was_saved():
     assert form.threads.currentText() == "1" and form.lower_priority.isChecked()
     assert CpuForm(DEFAULTS).threads.currentText() == AUTO_THREADS
     assert CpuForm({"threads": 64, "lower_priority": False}).values() == {"threads": 64, "lower_priority": False}
+
+
+def test_a_new_kv_cache_format_is_saved_and_reloads_the_serving_model_in_it(window, answer, qloop):
+    from engine import EngineConfig
+
+    window.bridge.config = EngineConfig(model="default", quantization="int4")
+    answer(window, lambda d: d.kv_cache.format.setCurrentIndex(d.kv_cache.format.findData("q8_0")))
+    assert saved(window)["kv_cache_dtype"] == "q8_0"
+    qloop.run_until_complete(asyncio.sleep(0))  # the switch's task runs
+    assert (window.bridge.config.model, window.bridge.config.quantization) == ("default", "int4")
+    assert window.bridge.config.kv_cache_dtype == "q8_0"
+
+
+def test_the_kv_check_shows_each_formats_figures_beside_it(qtbot):
+    from tests.helpers.fake_engine import FakeBridge
+
+    dialog = PreferencesDialog([], DEFAULTS, check_kv=FakeBridge().check_kv_formats)
+    qtbot.addWidget(dialog)
+    form = dialog.kv_cache
+    with qtbot.wait_signal(form.check_shown, timeout=10_000) as shown:
+        form.check_button.click()
+    assert "q8_0: KL 0.0091, top-1 94.4%" in shown.args[0]
+    assert form.format.itemText(form.format.findData("q8_0")) == "q8_0: 27% of float32's memory, KL 0.0091, top-1 94.4%"
+    assert "the reference" in form.format.itemText(form.format.findData("float32"))
+    assert form.check_button.isEnabled()
+
+
+def test_the_kv_check_says_so_when_no_model_serves_or_the_check_fails(qtbot):
+    from concurrent.futures import Future
+
+    failed = Future()
+    failed.set_exception(RuntimeError("the engine thread has stopped"))
+    for check, words in ((lambda: None, "No model is loaded"), (lambda: failed, "The check failed: the engine")):
+        dialog = PreferencesDialog([], DEFAULTS, check_kv=check)
+        qtbot.addWidget(dialog)
+        with qtbot.wait_signal(dialog.kv_cache.check_shown, timeout=10_000) as shown:
+            dialog.kv_cache.check_button.click()
+        assert shown.args[0].startswith(words)
