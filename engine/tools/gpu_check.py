@@ -112,6 +112,7 @@ def run_parts(part, device: str, sizes: str | None, folder: Path, tokenizer: Pat
     part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, device))
     part("failed_capture_memory", lambda: failed_capture_memory(tiny, device))
     part("bfloat16_vs_float32", lambda: bfloat16_vs_float32(tiny, device))
+    part("kv_formats", lambda: kv_formats(tiny, device))
     chosen = (sizes or ("tiny,mid" if device == "cuda" else "tiny")).split(",")
     for size in [s for s in chosen if s != "llama3-8b"]:
         part(f"decode_{size}", lambda size=size: decode_speed(model(size), device))
@@ -187,6 +188,31 @@ def parity_float32(model: Path, device: str) -> dict:
         raise AssertionError(f"greedy tokens differ from generate: {mismatches}")
     stats = engine.stats()
     return {"identical": len(PROMPTS), "attention": stats.attention_backend, "reason": stats.attention_reason}
+
+
+def kv_formats(model: Path, device: str) -> dict:
+    """Every KV cache format the device runs (fp8 on CUDA): its quality against a float32 cache through the paged
+    prefill path, and greedy replies served in it (CUDA graphs included) next to the float32 cache's."""
+    from .. import SamplingParams
+    from .kv_evaluation import check_kv_formats
+
+    engine = _engine(model, device, dtype="float32", quantization="none", num_kv_blocks=64, kv_cache_dtype="float32")
+    report = {row.kv_dtype: {"kl": row.kl_divergence, "top1": row.top1_agreement} for row in check_kv_formats(engine)}
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    reference = [out.token_ids for out in engine.generate(PROMPTS, params)]
+    del engine
+    for name in report:
+        engine = _engine(model, device, dtype="float32", quantization="none", num_kv_blocks=64, kv_cache_dtype=name)
+        replies = [out.token_ids for out in engine.generate(PROMPTS, params)]
+        same = sum(a == b for reply, want in zip(replies, reference) for a, b in zip(reply, want))
+        report[name].update(same_greedy_tokens=same, of=sum(map(len, reference)),
+                            attention=engine.stats().attention_backend, graphs=engine.stats().cuda_graphs)
+        del engine
+        _return_memory(device)
+    bad = {n: r for n, r in report.items() if n != "float32" and (r["kl"] > 0.05 or r["top1"] < 0.8)}
+    if bad:
+        raise AssertionError(f"KV formats far from the float32 cache: {bad}")
+    return report
 
 
 def bfloat16_vs_float32(model: Path, device: str) -> dict:

@@ -23,6 +23,9 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, tokenizer_dir):
     assert status == 0 and report["failed"] == []
     assert report["parity_float32"]["identical"] == len(gpu_check.PROMPTS)
     assert report["bfloat16_vs_float32"]["cosine"] > 0.99
+    kv = report["kv_formats"]
+    assert kv["float32"]["kl"] == 0 and kv["float32"]["same_greedy_tokens"] == kv["float32"]["of"] > 0
+    assert {"bfloat16", "float16"} <= kv.keys() and "fp8" not in kv  # fp8 on CUDA only
     sizing = report["kv_sizing_and_switches"]
     assert sizing["kv_blocks"] > 0 and "held_after_switch_to_float32" in sizing
     flex = report["flex_vs_torch"]
