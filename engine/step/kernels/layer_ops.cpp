@@ -163,7 +163,14 @@ void load_kv(Stored format, const void* data, const at::Half* scales, int64_t of
       return;
     case Stored::kBFloat16: {
       const uint16_t* in = static_cast<const uint16_t*>(data) + offset;
-      for (int64_t j = 0; j < count; ++j) {
+      int64_t j = 0;
+#ifdef KVASIR_AVX2
+      for (; j + 8 <= count; j += 8) {  // a bfloat16 is the high half of a float32
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j)));
+        _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+      }
+#endif
+      for (; j < count; ++j) {
         const uint32_t bits = static_cast<uint32_t>(in[j]) << 16;
         std::memcpy(out + j, &bits, sizeof(float));
       }
@@ -185,7 +192,15 @@ void load_kv(Stored format, const void* data, const at::Half* scales, int64_t of
       const at::Half* scale = scales + offset / kQ8Group;
       for (int64_t g = 0; g < count / kQ8Group; ++g) {
         const float d = static_cast<float>(scale[g]);
-        for (int64_t j = g * kQ8Group; j < (g + 1) * kQ8Group; ++j) out[j] = static_cast<float>(in[j]) * d;
+        int64_t j = g * kQ8Group;
+#ifdef KVASIR_AVX2
+        const __m256 step = _mm256_set1_ps(d);
+        for (; j < (g + 1) * kQ8Group; j += 8) {
+          const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + j)));
+          _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(wide), step));
+        }
+#endif
+        for (; j < (g + 1) * kQ8Group; ++j) out[j] = static_cast<float>(in[j]) * d;
       }
       return;
     }
