@@ -37,6 +37,10 @@ class EngineConfig:
     # how keys and values are stored (engine/serving/kv_format.py); auto: the smallest format measured to keep
     # quality and speed on this model (engine/models/kv_verdicts.py), else the compute dtype
     kv_cache_dtype: str = "auto"
+    # the prefix cache's disk tier (engine/serving/kv_disk.py): full KV blocks kept in the user cache folder, so a
+    # chat continued after a restart is not computed again; at most this many bytes (least recently used go first)
+    kv_disk_cache: bool = True
+    kv_disk_cache_bytes: int = 2 * 1024**3
     attention_backend: str = "auto"
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU; False: every step eager
     # while replies are being written, prompt work per step is sized to keep a step within this many seconds
@@ -67,6 +71,11 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
+        if not isinstance(self.kv_disk_cache, bool):
+            raise ValueError(f"kv_disk_cache must be True or False, not {self.kv_disk_cache!r}")
+        size = self.kv_disk_cache_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"kv_disk_cache_bytes must be a number of bytes (0 or more), not {size!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, not {self.attention_backend!r}")
         if not isinstance(self.cuda_graphs, bool):

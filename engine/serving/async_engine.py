@@ -248,6 +248,7 @@ class AsyncEngine:
             self._engine.abort_all()
             self._dispatch(self._engine.step())
         self._end_streams(SHUTDOWN_MESSAGE)
+        self._engine.close()  # the disk tier's pending blocks, bounded
 
     def _serve(self) -> None:
         last_stats = 0.0

@@ -55,6 +55,16 @@ class BlockCounts:
     shared: int
 
 
+@dataclass(frozen=True, slots=True)
+class NewBlock:
+    """A block just registered in the prefix cache: where it is and what it holds."""
+
+    block_id: int
+    hash: bytes
+    parent: bytes
+    token_ids: tuple[int, ...]
+
+
 @dataclass(slots=True)
 class PrefixMatch:
     """Blocks found in the prefix cache for the start of a prompt (references already taken)."""
@@ -115,24 +125,43 @@ class BlockManager:
         for start in range(0, len(token_ids) - 1 - self.block_size + 1, self.block_size):
             tokens = tuple(token_ids[start : start + self.block_size])
             key = chain_hash(parent, tokens)
-            block_id = self._by_hash.get(key)
-            if block_id is None or not self.blocks[block_id].holds(parent, tokens):
+            block_id = self.take_cached(key, parent, tokens)
+            if block_id is None:
                 break
-            self._take_ref(block_id)
             match.block_ids.append(block_id)
             match.hashes.append(key)
             parent = key
         return match
 
+    def take_cached(self, key: bytes, parent: bytes, token_ids: tuple[int, ...]) -> int | None:
+        """A reference on the cached block ``key`` if it holds exactly ``token_ids`` after ``parent``, else None."""
+        block_id = self._by_hash.get(key)
+        if block_id is None or not self.blocks[block_id].holds(parent, token_ids):
+            return None
+        self._take_ref(block_id)
+        return block_id
+
+    def register(self, block_id: int, key: bytes, parent: bytes, token_ids: tuple[int, ...]) -> bool:
+        """Put block ``block_id`` (full, its K/V in place) in the prefix cache under ``key``; False when the key
+        is taken already (another block holds that prefix) or the block has one."""
+        block = self.blocks[block_id]
+        if block.hash is not None or key in self._by_hash:
+            return False
+        block.hash, block.parent_hash, block.token_ids = key, parent, token_ids
+        self._by_hash[key] = block_id
+        return True
+
     def commit_full_blocks(
         self, block_table: list[int], hashes: list[bytes], token_ids: list[int], num_computed: int
-    ) -> None:
-        """Register every block of ``block_table`` that is full and computed but not yet hashed.
+    ) -> list[NewBlock]:
+        """Register every block of ``block_table`` that is full and computed but not yet hashed; returns the
+        blocks this put in the prefix cache.
 
         ``hashes`` is the sequence's hash chain so far; it is extended in place.
         """
         if not self.enable_prefix_caching:
-            return
+            return []
+        registered = []
         num_full = min(num_computed // self.block_size, len(block_table))
         for index in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else ROOT_HASH
@@ -140,11 +169,10 @@ class BlockManager:
             tokens = tuple(token_ids[start : start + self.block_size])
             key = chain_hash(parent, tokens)
             hashes.append(key)
-            block = self.blocks[block_table[index]]
-            if block.hash is not None or key in self._by_hash:
-                continue  # already cached (another sequence computed the same prefix first)
-            block.hash, block.parent_hash, block.token_ids = key, parent, tokens
-            self._by_hash[key] = block.block_id
+            # a block already cached (another sequence computed the same prefix first) is not registered again
+            if self.register(block_table[index], key, parent, tokens):
+                registered.append(NewBlock(block_table[index], key, parent, tokens))
+        return registered
 
     # -- allocation ---------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import gc
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -16,6 +17,7 @@ from ..devices import available_memory, resolve_device, resolve_dtype, resolve_q
 from ..errors import EngineError, ModelLoadError
 from ..models import kv_verdicts
 from ..models.fit import FitEstimate, estimate
+from ..models.gguf_cache import cache_root
 from ..models.loader import LoadedModel, Progress, load_model
 from ..models.memory import return_freed_memory
 from ..models.model_info import read_model_info
@@ -30,7 +32,8 @@ from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
 from .gpu_usage import GpuMonitor
 from .kv_cache import KVCache, KVShape, kv_cache_blocks
-from .metrics import CpuUsage, EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
+from .kv_disk import DiskTier
+from .metrics import CpuUsage, DiskCacheStats, EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
 from .prompt_encoder import Prompt, PromptEncoder
 from .scheduler import Chunk, Scheduler, SchedulerOutput
@@ -80,14 +83,27 @@ class Engine:
         target = config.step_latency_target_s or (GPU_TARGET_S if self.device.type == "cuda" else CPU_TARGET_S)
         self.pacer = StepPacer(target)  # what steps cost on this model and device, learnt as they run
         self._set_cpu_options(config.threads, config.lower_priority)
+        self.disk = self._open_disk_tier()
         self._new_scheduler()
         limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
 
     def _new_scheduler(self) -> None:
         self.block_manager = BlockManager(self.kv_cache.num_blocks, self.block_size, self.config.enable_prefix_caching)
+        if self.disk is not None:
+            self.disk.block_manager = self.block_manager
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
-                                   self.pacer)
+                                   self.pacer, self.disk)
+
+    def _open_disk_tier(self) -> DiskTier | None:
+        """The prefix cache's disk tier, where the configuration asks for one (see :mod:`.kv_disk`)."""
+        config = self.config
+        if not (config.kv_disk_cache and config.enable_prefix_caching and config.kv_disk_cache_bytes > 0):
+            return None
+        key = kv_verdicts.model_key(self.loaded.source, self.loaded.quantization, self.device)
+        tier = DiskTier(self.kv_cache, None, key, cache_root() / "kv-blocks", config.kv_disk_cache_bytes)
+        weakref.finalize(self, tier.close)  # an engine dropped without close() still writes what it handed over
+        return tier
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -186,6 +202,27 @@ class Engine:
             )
         raise failure
 
+    def close(self) -> None:
+        """Finish writing the prefix cache's blocks to disk (bounded); the engine still serves afterwards, without
+        its disk tier. Called when an engine goes away: the app's and ``kvasir serve``'s engine thread at its
+        end, every engine at interpreter exit."""
+        if getattr(self, "disk", None) is not None:
+            self.disk.close()
+            self.disk = None
+            if getattr(self, "scheduler", None) is not None:
+                self.scheduler.disk = None
+
+    def _disk_stats(self) -> DiskCacheStats | None:
+        tier = self.disk
+        if tier is None:
+            return None
+        return DiskCacheStats(tier.hit_tokens_total, tier.blocks_written_total, tier.blocks_dropped_total,
+                              tier.store.total_bytes, tier.store.max_bytes, tier.failure or "")
+
+    def clear_disk_cache(self) -> int:
+        """Delete this model's KV blocks on disk (waiting for the writes under way); returns the bytes freed."""
+        return self.disk.clear() if self.disk is not None else 0
+
     @property
     def has_model(self) -> bool:
         """False only after a failed switch could not bring the previous model back."""
@@ -223,7 +260,8 @@ class Engine:
         go first, since they point into both."""
         if getattr(self, "runner", None) is not None:
             self.runner.close()
-        for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer", "prompts"):
+        self.close()
+        for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer", "prompts", "disk"):
             setattr(self, name, None)
         gc.collect()
         return_freed_memory()
@@ -289,6 +327,7 @@ class Engine:
             kv_cache_memory_bytes=self.kv_cache.memory_bytes,
             kv_cache_dtype=self.kv_format.name,
             kv_cache_dtype_reason=self.kv_format_reason,
+            disk_cache=self._disk_stats(),
             max_model_len=self.max_model_len,
             num_errors_total=self.counters.errors_total,
             queue_time_p50_s=self.counters.queue_time_p50(),
@@ -419,7 +458,9 @@ class Engine:
         for chunk, exc in failed:
             self._finish(chunk.seq, "error", f"the engine failed on this request: {describe_failure(exc)}")
         done = SchedulerOutput([c for c in scheduled.chunks if not c.seq.finished])
-        self.scheduler.commit(done)
+        registered = self.scheduler.commit(done)
+        if self.disk is not None:
+            self.disk.save(registered)
         outputs = self._append_tokens(done, sampled, end)
         decode = sum(1 for c in done.chunks if c.samples and c.start >= c.seq.num_prompt_tokens)
         self.counters.record_step(start, end, done.num_tokens - decode, len(sampled))

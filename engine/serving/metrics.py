@@ -104,6 +104,18 @@ class CpuUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskCacheStats:
+    """The prefix cache's disk tier (engine/serving/kv_disk.py) since the model loaded."""
+
+    hit_tokens_total: int  # prompt tokens read back from disk instead of computed
+    blocks_written_total: int
+    blocks_dropped_total: int  # not written: the backlog was full, or writing failed
+    bytes_on_disk: int  # this model's block files
+    max_bytes: int
+    failure: str = ""  # why writing stopped, if it did
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine. Invariant: ``kv_blocks_used + kv_blocks_cached + kv_blocks_free ==
     kv_blocks_total``."""
@@ -149,6 +161,7 @@ class EngineStats:
     cpu: CpuUsage | None = None  # the CPU threads and the contention seen; None on a GPU and for remote engines
     kv_cache_dtype: str = ""  # how the KV cache stores keys and values (engine/serving/kv_format.py)
     kv_cache_dtype_reason: str = ""  # why that format (auto's measurement, or the settings)
+    disk_cache: DiskCacheStats | None = None  # the prefix cache's disk tier; None where it is off
 
 
 @dataclass(frozen=True, slots=True)

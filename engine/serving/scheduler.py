@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from .block_manager import BlockManager
+from .block_manager import BlockManager, NewBlock
 from .sequence import Sequence, Status
 from .step_pacer import Allowance, StepPacer
+
+
+class PrefixExtender(Protocol):
+    """Where a prompt's cached prefix can go on once memory's ends (the disk tier, :mod:`.kv_disk`)."""
+
+    def extend(self, seq: Sequence) -> int: ...
 
 
 @dataclass(slots=True)
@@ -56,8 +63,9 @@ class Scheduler:
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 pacer: StepPacer | None = None) -> None:
+                 pacer: StepPacer | None = None, disk: PrefixExtender | None = None) -> None:
         self.block_manager = block_manager
+        self.disk = disk  # the prefix cache's disk tier, consulted where memory's cached prefix ends
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pacer = pacer
@@ -84,14 +92,17 @@ class Scheduler:
         self._schedule_waiting(out, budget, allowance)
         return out
 
-    def commit(self, out: SchedulerOutput) -> None:
-        """Record that the step's chunks are now in the KV cache, and hash the blocks they filled."""
+    def commit(self, out: SchedulerOutput) -> list[NewBlock]:
+        """Record that the step's chunks are now in the KV cache, and hash the blocks they filled; returns the
+        blocks that entered the prefix cache."""
+        registered = []
         for chunk in out.chunks:
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end
-            self.block_manager.commit_full_blocks(
+            registered += self.block_manager.commit_full_blocks(
                 seq.block_table, seq.block_hashes, seq.token_ids, seq.num_computed_tokens
             )
+        return registered
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and release its blocks."""
@@ -197,6 +208,8 @@ class Scheduler:
         seq.block_table = match.block_ids
         seq.block_hashes = match.hashes
         seq.num_computed_tokens = len(match.block_ids) * self.block_manager.block_size
+        if self.disk is not None and self.block_manager.enable_prefix_caching:
+            self.disk.extend(seq)
 
     def _release_prefix(self, seq: Sequence) -> None:
         self.block_manager.free(seq.block_table)

@@ -44,9 +44,9 @@ def plan_as_backend(monkeypatch, backend: str) -> None:
     """Make :func:`attention_plan.plan_attention` pick ``backend`` with the block size it runs with on CUDA."""
     plan = attention_plan.plan_attention
 
-    def as_if_on_cuda(config, device, head_dim, dtype):
-        if config.attention_backend == "torch":
-            return plan(config, device, head_dim, dtype)
+    def as_if_on_cuda(config, device, head_dim, dtype, kv=None):
+        if config.attention_backend == "torch" or (kv is not None and kv.storage != dtype):
+            return plan(config, device, head_dim, dtype, kv)
         block_size = attention_plan.backend_block_size(backend, config.block_size, torch.device("cuda"))
         return attention_plan.AttentionPlan(backend, f"{backend} as on CUDA", block_size)
 
