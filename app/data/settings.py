@@ -25,6 +25,7 @@ DEFAULTS = {
     "threads": "auto",  # the engine's CPU threads: "auto" (as many as other programs leave cores) or a count
     "lower_priority": False,  # the engine's threads yield to other programs that need the CPU
     "kv_cache_dtype": "auto",  # how the KV cache stores keys and values (engine.KV_CACHE_DTYPES); a change reloads
+    "kv_disk_cache": True,  # recent conversations' KV blocks kept on disk, read back after a restart
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
@@ -164,10 +165,13 @@ def engine_cpu_options(settings) -> dict:
     return {"threads": None if threads == "auto" else threads, "lower_priority": settings["lower_priority"]}
 
 
+KV_SETTINGS = ("kv_cache_dtype", "kv_disk_cache")  # settings the engine takes only at a load
+
+
 def engine_load_options(settings) -> dict:
     """Every setting of Preferences that an :class:`engine.EngineConfig` takes: the CPU ones and the KV cache's
-    format."""
-    return {**engine_cpu_options(settings), "kv_cache_dtype": settings["kv_cache_dtype"]}
+    format and disk tier."""
+    return {**engine_cpu_options(settings), **{key: settings[key] for key in KV_SETTINGS}}
 
 
 def _read_object(path: Path) -> dict:
@@ -194,6 +198,8 @@ def _valid_value(key: str, value) -> bool:
         return isinstance(value, bool)
     if key == "kv_cache_dtype":
         return value in KV_CACHE_DTYPES
+    if key == "kv_disk_cache":
+        return isinstance(value, bool)
     if key in ("sampling", "api"):
         return False  # a dict is merged key by key above; anything else is not these settings
     return isinstance(value, str) and bool(value)

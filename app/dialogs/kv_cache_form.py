@@ -7,9 +7,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QLabel, QPushButton
+from PySide6.QtWidgets import QCheckBox, QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton
 
 from engine import KV_CACHE_DTYPES, KVQuality
+
+from ..units import size_text
 
 # what each format costs, beside its name (keys and values of one token against float32's)
 FORMAT_NOTES = {
@@ -25,17 +27,23 @@ CHECK_HINT = ("How much each format changes the loaded model's next-token choice
 
 
 class KVCacheForm(QGroupBox):
-    """The format (``values()["kv_cache_dtype"]``; a change reloads the model) and its measured quality.
+    """The format (``values()["kv_cache_dtype"]``) with its measured quality, and the disk tier
+    (``values()["kv_disk_cache"]``); a change of either reloads the model.
 
-    ``check``: starts :meth:`ChatEngine.check_kv_formats` and returns its future (None when no model serves).
-    Emits ``check_shown(text)`` when the check's result (or why it failed) is on screen."""
+    ``check``: starts :meth:`ChatEngine.check_kv_formats` and returns its future; ``clear``: starts
+    :meth:`ChatEngine.clear_disk_cache` (each None when no model serves). Emits ``check_shown(text)`` when the
+    check's result (or why it failed) is on screen, and ``cleared(text)`` when the clearing's is."""
 
     check_shown = Signal(str)
+    cleared = Signal(str)
     _finished = Signal(object)  # the check's future, from the engine's thread to this one
+    _cleared = Signal(object)  # the clearing's future, likewise
 
-    def __init__(self, value: str, check: Callable[[], Future | None] | None = None, parent=None) -> None:
+    def __init__(self, values: dict, check: Callable[[], Future | None] | None = None,
+                 clear: Callable[[], Future | None] | None = None, parent=None) -> None:
         super().__init__("KV cache", parent)
-        self.check = check
+        value = values["kv_cache_dtype"]
+        self.check, self.clear = check, clear
         self.format = QComboBox()
         for name in KV_CACHE_DTYPES:
             self.format.addItem(f"{name}: {FORMAT_NOTES[name]}", name)
@@ -47,13 +55,45 @@ class KVCacheForm(QGroupBox):
         self.check_button.setEnabled(check is not None)
         self.check_button.clicked.connect(self._start_check)
         self._finished.connect(self._show_check)
+        self.disk = QCheckBox("Keep recent conversations on disk, so a restart computes nothing again")
+        self.disk.setChecked(values["kv_disk_cache"])
+        self.disk.setToolTip("Full KV blocks are written in the background to the cache folder (at most 2 GiB, the "
+                             "least recently used go first) and read back when a chat goes on after a restart")
+        self.clear_button = QPushButton("Clear")
+        self.clear_button.setToolTip("Delete the loaded model's KV blocks on disk")
+        self.clear_button.setEnabled(clear is not None)
+        self.clear_button.clicked.connect(self._start_clear)
+        self._cleared.connect(self._show_cleared)
+        disk_row = QHBoxLayout()
+        disk_row.addWidget(self.disk, 1)
+        disk_row.addWidget(self.clear_button)
         form = QFormLayout(self)
         form.addRow("Format", self.format)
         form.addRow(self.figures)
         form.addRow(self.check_button)
+        form.addRow(disk_row)
 
     def values(self) -> dict:
-        return {"kv_cache_dtype": self.format.currentData()}
+        return {"kv_cache_dtype": self.format.currentData(), "kv_disk_cache": self.disk.isChecked()}
+
+    def _start_clear(self) -> None:
+        future = self.clear() if self.clear is not None else None
+        if future is None:
+            self.cleared.emit("No model is loaded.")
+            return
+        self.clear_button.setEnabled(False)
+        future.add_done_callback(self._cleared.emit)
+
+    def _show_cleared(self, future: Future) -> None:
+        self.clear_button.setEnabled(True)
+        try:
+            freed = future.result()
+        except Exception as exc:
+            text = f"Clearing failed: {exc}"
+        else:
+            text = f"Cleared {size_text(freed)} of this model's KV blocks on disk."
+        self.clear_button.setToolTip(text)
+        self.cleared.emit(text)
 
     def _start_check(self) -> None:
         future = self.check() if self.check is not None else None

@@ -116,7 +116,8 @@ class PreferencesDialog(QDialog):
     what it is doing now)."""
 
     def __init__(self, presets: list[Preset], values: dict, parent=None, api_status: str = "",
-                 check_kv: Callable[[], Future | None] | None = None) -> None:
+                 check_kv: Callable[[], Future | None] | None = None,
+                 clear_disk: Callable[[], Future | None] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Preferences")
         self.theme = QComboBox()
@@ -137,7 +138,7 @@ class PreferencesDialog(QDialog):
         form.addRow("Text size", self.text_scale)
         form.addRow("Persona for new chats", self.preset)
         self.cpu = CpuForm(values)
-        self.kv_cache = KVCacheForm(values["kv_cache_dtype"], check_kv)
+        self.kv_cache = KVCacheForm(values, check_kv, clear_disk)
         self.api = ApiForm(values.get("api", {}), api_status)
         stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.kv_cache, self.api)
 

@@ -70,6 +70,8 @@ class ChatEngine(Protocol):
 
     def check_kv_formats(self) -> Future | None: ...
 
+    def clear_disk_cache(self) -> Future | None: ...
+
 
 class EngineBridge(QObject):
     """Owns the :class:`AsyncEngine`; emits load progress, load results, stats snapshots and engine failures.
@@ -245,6 +247,13 @@ class EngineBridge(QObject):
         if self.engine is None or not self.engine.alive:
             return None
         return self.engine.call(check_kv_formats)
+
+    def clear_disk_cache(self) -> Future | None:
+        """Delete the serving model's KV blocks on disk (on the engine thread); the future gives the bytes freed.
+        None while no engine serves."""
+        if self.engine is None or not self.engine.alive:
+            return None
+        return self.engine.call(lambda engine: engine.clear_disk_cache())
 
     def _poll_stats(self) -> None:
         if self.engine is not None:

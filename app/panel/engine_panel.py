@@ -68,7 +68,7 @@ class EnginePanel(QWidget):
         layout.setContentsMargins(2, 4, 6, 4)
         layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", GAP, "Prefill", "Requests",
                                                "Errors", "Preemptions"]))
-        cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate"])
+        cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate", "On disk"])
         self.pool = BlockPoolView()
         self.legend = PoolLegend()
         self.pool_caption = QLabel("")
@@ -141,6 +141,10 @@ class EnginePanel(QWidget):
         self._set("Blocks", f"{s.kv_blocks_used} used ({s.kv_blocks_shared} shared), {s.kv_blocks_cached} cached, "
                             f"{s.kv_blocks_free} free")
         self._set("Prefix hit rate", f"{s.prefix_hit_rate:.0%} of prompt tokens")
+        self._set("On disk", disk_cache_text(s.disk_cache))
+        self.labels["On disk"].setToolTip(s.disk_cache.failure if s.disk_cache and s.disk_cache.failure else
+                                          "earlier conversations' KV blocks, read back instead of computed again "
+                                          "(Preferences → KV cache)")
         self._show_model(s)
         self._show_requests(s, owners or {})
         self.charts.refresh()
@@ -225,6 +229,14 @@ class EnginePanel(QWidget):
         if label.text() != text:
             label.setText(text)
 
+
+
+def disk_cache_text(disk) -> str:
+    """The disk tier in one line: tokens read back since the model loaded, and the folder's size."""
+    if disk is None:
+        return "off"
+    text = f"{disk.hit_tokens_total:,} tokens read back, {size_text(disk.bytes_on_disk)} of {size_text(disk.max_bytes)}"
+    return text + ("; writing stopped" if disk.failure else "")
 
 
 def value_rows(title: str, names: list[str]) -> tuple[QGroupBox, QFormLayout, dict[str, QLabel]]:

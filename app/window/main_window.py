@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
-from ..data.settings import DEFAULTS, engine_cpu_options, next_text_scale
+from ..data.settings import DEFAULTS, KV_SETTINGS, engine_cpu_options, next_text_scale
 from ..dialogs.about import AboutDialog
 from ..dialogs.model_manager import ModelDialog
 from ..dialogs.preferences import PreferencesDialog
@@ -168,20 +168,22 @@ class MainWindow(QMainWindow):
 
     def edit_preferences(self) -> None:
         dialog = PreferencesDialog(self.personas.all(), self.settings.values, self,
-                                   api_status=self.local_api.status(), check_kv=self.bridge.check_kv_formats)
+                                   api_status=self.local_api.status(), check_kv=self.bridge.check_kv_formats,
+                                   clear_disk=self.bridge.clear_disk_cache)
         if not dialog.exec():
             return
         api_before, cpu_before = dict(self.settings["api"]), engine_cpu_options(self.settings)
-        kv_before = self.settings["kv_cache_dtype"]
+        kv_before = {key: self.settings[key] for key in KV_SETTINGS}
         for key, value in dialog.result_values().items():
             self.settings[key] = value
         self.settings.save()
         if engine_cpu_options(self.settings) != cpu_before:
             self.bridge.set_cpu_options(**engine_cpu_options(self.settings))
-        if self.settings["kv_cache_dtype"] != kv_before and self.bridge.config is not None:
-            # the pool is rebuilt in the new format: a reload, asked first where replies are being written
-            chosen = self.settings["kv_cache_dtype"]
-            self.switcher.reload(dataclasses.replace(self.bridge.config, kv_cache_dtype=chosen))
+        kv_after = {key: self.settings[key] for key in KV_SETTINGS}
+        if kv_after != kv_before and self.bridge.config is not None:
+            # the pool is rebuilt (another format, or with or without its disk tier): a reload, asked first where
+            # replies are being written
+            self.switcher.reload(dataclasses.replace(self.bridge.config, **kv_after))
         self.apply_theme(self.settings["theme"])
         self.set_text_scale(self.settings["text_scale"], save=False)
         if self.settings["api"] != api_before or self.local_api.error:

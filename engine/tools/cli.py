@@ -27,6 +27,9 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="how the KV cache stores keys and values (auto: the smallest format measured to keep "
                              "quality and speed on this model, see eval-quant --kv)")
+    parser.add_argument("--no-kv-disk-cache", dest="kv_disk_cache", action="store_false",
+                        help="keep no KV blocks on disk (by default recent conversations' are, so a restart "
+                             "computes nothing again)")
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="run every step eagerly on a GPU (decode steps replay from CUDA graphs by default)")
     parser.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS,
@@ -144,6 +147,7 @@ def config_from(args) -> EngineConfig:
         device=args.device,
         num_kv_blocks=args.kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype,
+        kv_disk_cache=args.kv_disk_cache,
         cuda_graphs=args.cuda_graphs,
         attention_backend=args.attention,
     )

@@ -74,6 +74,12 @@ class FakeBridge(QObject):
     def set_cpu_options(self, threads, lower_priority) -> None:
         self.cpu_options = (threads, lower_priority)
 
+    def clear_disk_cache(self) -> Future:
+        """A finished clearing that freed 3 MiB."""
+        done = Future()
+        done.set_result(3 * 1024**2)
+        return done
+
     def check_kv_formats(self) -> Future:
         """A finished check, with figures for two formats (as the engine's check gives them)."""
         from engine import KVQuality

@@ -76,7 +76,7 @@ def test_the_kv_cache_format_keeps_what_the_engine_takes(tmp_path, saved, kept):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"kv_cache_dtype": saved, "threads": 2}))
     options = engine_load_options(Settings(path))
-    assert options == {"threads": 2, "lower_priority": False, "kv_cache_dtype": kept}
+    assert options == {"threads": 2, "lower_priority": False, "kv_cache_dtype": kept, "kv_disk_cache": True}
     EngineConfig(**options)
 
 

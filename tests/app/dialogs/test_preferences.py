@@ -112,6 +112,26 @@ def test_a_new_kv_cache_format_is_saved_and_reloads_the_serving_model_in_it(wind
     assert window.bridge.config.kv_cache_dtype == "q8_0"
 
 
+def test_turning_the_disk_tier_off_is_saved_and_reloads_without_it(window, answer, qloop):
+    from engine import EngineConfig
+
+    window.bridge.config = EngineConfig(model="default")
+    answer(window, lambda d: d.kv_cache.disk.setChecked(False))
+    assert saved(window)["kv_disk_cache"] is False
+    qloop.run_until_complete(asyncio.sleep(0))
+    assert window.bridge.config.kv_disk_cache is False and window.bridge.config.kv_cache_dtype == "auto"
+
+
+def test_clear_says_what_it_freed(qtbot):
+    from tests.helpers.fake_engine import FakeBridge
+
+    dialog = PreferencesDialog([], DEFAULTS, clear_disk=FakeBridge().clear_disk_cache)
+    qtbot.addWidget(dialog)
+    with qtbot.wait_signal(dialog.kv_cache.cleared, timeout=10_000) as shown:
+        dialog.kv_cache.clear_button.click()
+    assert shown.args[0] == "Cleared 3.0 MiB of this model's KV blocks on disk."
+
+
 def test_the_kv_check_shows_each_formats_figures_beside_it(qtbot):
     from tests.helpers.fake_engine import FakeBridge
 

@@ -331,3 +331,16 @@ def test_a_chart_says_what_it_shows_to_a_screen_reader(qtbot, panel, clock):
     assert decode.accessibleName() == "Decode chart"
     feed(panel, clock, [fake_stats(decode_tokens_per_s=v) for v in (12.0, 48.25, 30.5)])
     assert decode.accessibleDescription() == "decode: latest 30.5 tok/s, highest 48.25"
+
+
+def test_the_kv_rows_show_the_stored_format_and_the_disk_tier(panel, clock):
+    from engine import DiskCacheStats
+
+    disk = DiskCacheStats(1296, 81, 0, 61 * 1024**2, 2 * 1024**3)
+    feed(panel, clock, [fake_stats(kv_cache_dtype="q8_0", kv_cache_dtype_reason="chosen in the settings",
+                                   disk_cache=disk)])
+    assert panel.labels["On disk"].text() == "1,296 tokens read back, 61.0 MiB of 2.0 GiB"
+    assert panel.labels["Quantisation"].text().endswith("; KV q8_0")
+    assert panel.labels["Quantisation"].toolTip() == "KV cache: chosen in the settings"
+    feed(panel, clock, [fake_stats(disk_cache=None)])
+    assert panel.labels["On disk"].text() == "off"
