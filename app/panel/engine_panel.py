@@ -33,6 +33,7 @@ from .charts import EngineCharts
 from .formatting import cpu_threads_text, device_text, errors_text, gpu_load_text, gpu_memory_text, ms_text
 from .history import EngineHistory
 from .kv_blocks import COLORS, BlockPoolView, PoolLegend, conversation_color
+from .memory_bar import MemoryBar, MemoryParts
 from .request_table import RequestRow, RequestTableModel
 
 TTFT = "TTFT (last / median)"
@@ -79,6 +80,10 @@ class EnginePanel(QWidget):
         layout.addWidget(cache)
         layout.addWidget(self._group("Model", ["Model", "Quantisation", "Device", CPU_THREADS, "Attention", "Memory",
                                                *GPU_ROWS]))
+        self.memory_bar = MemoryBar()
+        model_rows = self._forms["Memory"]
+        row, _ = model_rows.getWidgetPosition(self.labels["Memory"])
+        model_rows.insertRow(row + 1, self.memory_bar)  # the Memory row's parts to scale, right under it
         self._show_gpu_rows(False)
         self._forms[CPU_THREADS].setRowVisible(self.labels[CPU_THREADS], False)
         layout.addStretch(1)
@@ -172,7 +177,10 @@ class EnginePanel(QWidget):
         self._set("Device", device_text(s))
         self._set("Attention", s.attention_backend)
         self.labels["Attention"].setToolTip(s.attention_reason)  # why this backend; the row stays one line
-        self._set("Memory", f"model {size_text(s.model_memory_bytes)}, KV {size_text(s.kv_cache_memory_bytes)}")
+        parts = MemoryParts.of(s)
+        self._set("Memory", parts.summary() if parts else
+                  f"model {size_text(s.model_memory_bytes)}, KV {size_text(s.kv_cache_memory_bytes)}")
+        self.memory_bar.set_parts(parts)
         self._forms[CPU_THREADS].setRowVisible(self.labels[CPU_THREADS], s.cpu is not None)
         if s.cpu is not None:
             self._set(CPU_THREADS, cpu_threads_text(s.cpu))

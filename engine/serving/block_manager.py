@@ -85,6 +85,8 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, hashed; oldest first
         self._by_hash: dict[bytes, int] = {}
+        self._touched = bytearray(num_blocks)  # 1 for a block some sequence has written (its memory is mapped)
+        self.num_touched = 0
         self._num_used = 0
         self._num_shared = 0
 
@@ -196,6 +198,9 @@ class BlockManager:
     def _take_fresh(self) -> int:
         if self._free:
             block_id = self._free.popleft()
+            if not self._touched[block_id]:
+                self._touched[block_id] = 1
+                self.num_touched += 1
         else:
             block_id, _ = self._evictable.popitem(last=False)
             block = self.blocks[block_id]

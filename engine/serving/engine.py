@@ -19,7 +19,7 @@ from ..models import kv_verdicts
 from ..models.fit import FitEstimate, estimate
 from ..models.gguf_cache import cache_root
 from ..models.loader import LoadedModel, Progress, load_model
-from ..models.memory import return_freed_memory
+from ..models.memory import resident_bytes, return_freed_memory
 from ..models.model_info import read_model_info
 from ..models.sources import resolve_source
 from ..sampling_params import SamplingParams
@@ -212,6 +212,12 @@ class Engine:
             if getattr(self, "scheduler", None) is not None:
                 self.scheduler.disk = None
 
+    def _kv_touched_bytes(self) -> int:
+        """The pool's memory in use by the system: every block on a GPU, the blocks ever written on the CPU."""
+        if self.device.type != "cpu":
+            return self.kv_cache.memory_bytes
+        return self.block_manager.num_touched * self.block_size * self.kv_cache.shape.bytes_per_token()
+
     def _disk_stats(self) -> DiskCacheStats | None:
         tier = self.disk
         if tier is None:
@@ -328,6 +334,8 @@ class Engine:
             kv_cache_dtype=self.kv_format.name,
             kv_cache_dtype_reason=self.kv_format_reason,
             disk_cache=self._disk_stats(),
+            process_resident_bytes=resident_bytes(),
+            kv_touched_bytes=self._kv_touched_bytes(),
             max_model_len=self.max_model_len,
             num_errors_total=self.counters.errors_total,
             queue_time_p50_s=self.counters.queue_time_p50(),

@@ -162,6 +162,10 @@ class EngineStats:
     kv_cache_dtype: str = ""  # how the KV cache stores keys and values (engine/serving/kv_format.py)
     kv_cache_dtype_reason: str = ""  # why that format (auto's measurement, or the settings)
     disk_cache: DiskCacheStats | None = None  # the prefix cache's disk tier; None where it is off
+    # memory that adds up: the process's resident set, and the KV pool's part of it (on the CPU the pool's pages
+    # are mapped as blocks are first written; on a GPU the whole pool is allocated at load)
+    process_resident_bytes: int = 0
+    kv_touched_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,3 +344,13 @@ def test_the_kv_rows_show_the_stored_format_and_the_disk_tier(panel, clock):
     assert panel.labels["Quantisation"].toolTip() == "KV cache: chosen in the settings"
     feed(panel, clock, [fake_stats(disk_cache=None)])
     assert panel.labels["On disk"].text() == "off"
+
+
+def test_the_memory_row_adds_up_to_the_processs_resident_memory(panel, clock):
+    mib = 1024**2
+    feed(panel, clock, [fake_stats(process_resident_bytes=590 * mib, model_memory_bytes=92 * mib,
+                                   kv_touched_bytes=12 * mib, kv_cache_memory_bytes=2048 * mib)])
+    assert panel.labels["Memory"].text() == ("590.0 MiB resident: weights 92.0 MiB, KV 12.0 MiB of 2.0 GiB, "
+                                             "runtime 486.0 MiB")
+    parts = panel.memory_bar.parts
+    assert sum(size for _, size in parts.pieces()) == 590 * mib and panel.memory_bar.isVisible()
