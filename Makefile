@@ -57,7 +57,7 @@ screenshots: install
 
 # `make bench`: Kvasir vs llama.cpp vs transformers, written to bench/results/ (about 30 minutes on 2 cores):
 # steady speed, a long prompt beside streaming replies, a new user's first start, a busy CPU, the KV cache's
-# formats and a chat continued after a restart.
+# formats, a chat continued after a restart, and resident memory beside llama-server's.
 # llama.cpp is skipped with a note until `make peers` has built it. The README table: `$(PY) -m engine bench --readme`.
 BENCH_STAMP := $(VENV)/.kvasir-bench-extra
 
@@ -72,6 +72,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) bench/contention.py --rounds 1
 	$(PY) -m engine eval-quant --kv
 	$(PY) -m engine.tools.restart_bench
+	$(PY) -m engine.tools.memory_bench
 
 # llama.cpp's llama-bench, llama-batched-bench, llama-perplexity and llama-server, built once into the user
 # cache folder (about 15 minutes on 2 cores); later runs find them there and return at once.

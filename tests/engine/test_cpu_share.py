@@ -3,6 +3,8 @@ back, holds still on bursts and readings near its lines, and never moves a count
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.serving.cpu_share import WINDOW_S, CpuSample, ThreadGovernor, read_sample
@@ -101,7 +103,11 @@ def test_the_real_sample_reads_this_machine():
     first = read_sample()
     if first is None:
         pytest.skip("no /proc/stat here")
-    sum(i * i for i in range(200_000))  # some CPU time of our own
+    # CPU time of our own, until the process's clock (counted in ticks of 10 ms) has moved on: a fixed amount of
+    # work was sometimes less than one tick on a fast machine
+    start = os.times()
+    while os.times().user + os.times().system <= start.user + start.system:
+        sum(i * i for i in range(20_000))
     second = read_sample()
     assert second.at > first.at and second.own_s > first.own_s and second.busy_s >= first.busy_s
 
