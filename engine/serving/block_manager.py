@@ -87,6 +87,7 @@ class BlockManager:
         self._by_hash: dict[bytes, int] = {}
         self._touched = bytearray(num_blocks)  # 1 for a block some sequence has written (its memory is mapped)
         self.num_touched = 0
+        self._freed_touched: set[int] = set()  # free blocks whose memory may still be mapped (see take_releasable)
         self._num_used = 0
         self._num_shared = 0
 
@@ -193,6 +194,17 @@ class BlockManager:
             self._drop_ref(block_id)
         block_table.clear()
 
+    def take_releasable(self) -> list[int]:
+        """The free blocks still holding memory (written once, free now), counted as untouched from here on: the
+        engine gives their pages back to the system (:func:`.kv_cache.release_pages`)."""
+        blocks = [b for b in self._freed_touched if self.blocks[b].ref_count == 0 and self.blocks[b].hash is None
+                  and self._touched[b]]
+        for block_id in blocks:
+            self._touched[block_id] = 0
+            self.num_touched -= 1
+        self._freed_touched.clear()
+        return blocks
+
     # -- internals ----------------------------------------------------------------------------------
 
     def _take_fresh(self) -> int:
@@ -234,3 +246,4 @@ class BlockManager:
             else:
                 block.forget()
                 self._free.append(block_id)
+                self._freed_touched.add(block_id)

@@ -31,7 +31,7 @@ from . import priority
 from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
 from .gpu_usage import GpuMonitor
-from .kv_cache import KVCache, KVShape, kv_cache_blocks
+from .kv_cache import KVCache, KVShape, kv_cache_blocks, release_pages
 from .kv_disk import DiskTier
 from .metrics import CpuUsage, DiskCacheStats, EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
@@ -87,6 +87,7 @@ class Engine:
         self._new_scheduler()
         limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
+        return_freed_memory()  # what reading the files left on the heap
 
     def _new_scheduler(self) -> None:
         self.block_manager = BlockManager(self.kv_cache.num_blocks, self.block_size, self.config.enable_prefix_caching)
@@ -149,7 +150,17 @@ class Engine:
         scheduled = self._schedule()
         outputs = self._compute(scheduled) if scheduled.chunks else []
         reported, self._pending = self._pending, []
+        if not self.scheduler.has_unfinished():
+            self._release_free_pages()
         return reported + outputs
+
+    def _release_free_pages(self) -> None:
+        """Idle on the CPU: the pages of blocks freed since, and the heap the steps' activations left, are given
+        back to the system (cached blocks keep theirs), so a burst of long chats does not hold its memory for
+        ever."""
+        if self.device.type == "cpu":
+            release_pages(self.kv_cache, self.block_manager.take_releasable())
+            return_freed_memory()
 
     def fail_all(self, error: str) -> list[RequestOutput]:
         """Last resort after an unexpected failure: end every live request with ``error`` and start the

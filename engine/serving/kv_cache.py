@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +112,40 @@ def _layers(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device,
     return tensors, [t.view(dims[0] * dims[1], *dims[2:]) for t in tensors]
 
 
+def release_pages(cache: KVCache, block_ids: list[int]) -> int:
+    """Give the memory of ``block_ids`` (free blocks: nothing in them is needed) back to the system, on the CPU;
+    they read as zeros and are mapped again when next written. Only whole pages inside a run of the given blocks
+    go (a block smaller than a page shares it with its neighbours). Returns the bytes released."""
+    released = 0
+    for tensor in _pool_tensors(cache):
+        mapping = _MAPPINGS.get(tensor.data_ptr())
+        if mapping is None:
+            continue
+        per_block = tensor[0].numel() * tensor.element_size()
+        for first, count in _runs(sorted(block_ids)):
+            start = -(-first * per_block // mmap.PAGESIZE) * mmap.PAGESIZE
+            end = (first + count) * per_block // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > start:
+                mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+                released += end - start
+    return released
+
+
+def _pool_tensors(cache: KVCache) -> list[torch.Tensor]:
+    return [*cache.keys, *cache.values, *cache.key_scales, *cache.value_scales]
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted ids as runs of consecutive ones: (first, count)."""
+    runs: list[tuple[int, int]] = []
+    for block_id in ids:
+        if runs and runs[-1][0] + runs[-1][1] == block_id:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((block_id, 1))
+    return runs
+
+
 def _pick(tensor: torch.Tensor, blocks: torch.Tensor | slice) -> torch.Tensor:
     if isinstance(blocks, slice):
         return tensor[blocks]
@@ -129,7 +164,15 @@ def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.zeros(dims, dtype=dtype)
-    return torch.frombuffer(_anonymous_mapping(nbytes), dtype=dtype).view(dims)
+    mapping = _anonymous_mapping(nbytes)
+    tensor = torch.frombuffer(mapping, dtype=dtype).view(dims)
+    if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        _MAPPINGS[tensor.data_ptr()] = mapping  # for release_pages; forgotten with the tensor
+        weakref.finalize(tensor.untyped_storage(), _MAPPINGS.pop, tensor.data_ptr(), None)
+    return tensor
+
+
+_MAPPINGS: dict[int, mmap.mmap] = {}  # a CPU pool tensor's address -> the mapping under it
 
 
 def _anonymous_mapping(nbytes: int) -> mmap.mmap:
