@@ -78,7 +78,7 @@ class KVCache:
         for new, flat, flat_scales in ((key, self.flat_keys, self.flat_key_scales),
                                        (value, self.flat_values, self.flat_value_scales)):
             stored, scales = kv_format.encode(self.format, new)
-            flat[layer].index_copy_(0, slots, stored)
+            _as_bytes(flat[layer]).index_copy_(0, slots, _as_bytes(stored))
             if scales is not None:
                 flat_scales[layer].index_copy_(0, slots, scales)
 
@@ -149,7 +149,15 @@ def _runs(ids: list[int]) -> list[tuple[int, int]]:
 def _pick(tensor: torch.Tensor, blocks: torch.Tensor | slice) -> torch.Tensor:
     if isinstance(blocks, slice):
         return tensor[blocks]
-    return tensor.index_select(0, blocks) if blocks.dim() == 1 else tensor[blocks]
+    raw = _as_bytes(tensor)
+    picked = raw.index_select(0, blocks) if blocks.dim() == 1 else raw[blocks]
+    return picked.view(tensor.dtype)
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """float8 tensors as bytes: copying and indexing them is not implemented for every float8 type on every
+    device, while bytes are; other types as they are."""
+    return tensor.view(torch.uint8) if tensor.dtype.itemsize == 1 and tensor.is_floating_point() else tensor
 
 
 def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -229,7 +229,7 @@ class DiskTier:
                 return
             self._pending_bytes += size
         ids = torch.tensor([b.block_id for b in fresh], device=self.cache.keys[0].device)
-        copies = [t.index_select(0, ids).cpu() for t in _block_tensors(self.cache)]
+        copies = [t.view(torch.uint8).index_select(0, ids).cpu() for t in _block_tensors(self.cache)]
         self._queue.put([BlockFile(b.hash, b.parent, b.token_ids, _payload(copies, i)) for i, b in enumerate(fresh)])
 
     def extend(self, seq: Sequence) -> int:
@@ -323,7 +323,7 @@ def _payload_bytes(cache: KVCache) -> int:
 
 
 def _payload(copies: list[torch.Tensor], index: int) -> bytes:
-    return b"".join(t[index].contiguous().view(torch.uint8).numpy().tobytes() for t in copies)
+    return b"".join(t[index].numpy().tobytes() for t in copies)
 
 
 def _load(cache: KVCache, block_id: int, payload: bytes) -> None:
@@ -331,7 +331,6 @@ def _load(cache: KVCache, block_id: int, payload: bytes) -> None:
     offset = 0
     raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     for tensor in _block_tensors(cache):
-        target = tensor[block_id]
-        size = target.numel() * target.element_size()
-        target.copy_(raw[offset:offset + size].view(tensor.dtype).view(target.shape))
-        offset += size
+        target = tensor[block_id].view(torch.uint8).view(-1)  # as bytes: every type copies so, float8 included
+        target.copy_(raw[offset:offset + target.numel()])
+        offset += target.numel()

@@ -22,6 +22,7 @@ from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
 
 CPU = torch.device("cpu")
 CPU_FORMATS = ("float32", "bfloat16", "float16", "q8_0")
+STORED_FORMATS = (*CPU_FORMATS, "fp8")  # fp8 is served on CUDA only, but the cache stores it anywhere
 
 
 # -- the rounding rules ------------------------------------------------------------------------------------
@@ -35,8 +36,10 @@ def test_q8_0_keeps_each_value_within_half_a_step_of_its_groups_scale(values):
     assert quants.dtype == torch.int8 and scales.dtype == torch.float16 and scales.shape == (3, 2)
     back = kv_format.dequantize_q8_0(quants, scales, torch.float32)
     step = x.unflatten(-1, (2, 32)).abs().amax(-1) / 127  # each group's scale before float16 rounding
-    # half a step from rounding to an integer, plus 127 steps of the scale's float16 rounding (2^-11 relative)
-    bound = (step * (0.5 + 127 * 2**-11) + 1e-6).repeat_interleave(32, -1)
+    # half a step from rounding to an integer, plus 127 times the scale's float16 rounding: 2^-11 of it, or 2^-25
+    # where it is below float16's normal range (as in llama.cpp's q8_0, tiny groups lose their relative precision)
+    scale_error = torch.maximum(step * 2**-11, torch.full_like(step, 2**-25))
+    bound = (step * 0.5 + 127 * scale_error + 1e-12).repeat_interleave(32, -1)
     assert bool(((back - x).abs() <= bound).all())
     assert int(quants.abs().max()) <= 127
 
@@ -91,7 +94,7 @@ def test_a_format_that_cannot_hold_the_model_is_refused_in_words(wanted, head_di
 # -- the cache and the kernels -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", CPU_FORMATS)
+@pytest.mark.parametrize("name", STORED_FORMATS)
 def test_the_cache_reads_back_what_the_format_stores(name):
     fmt = FORMATS[name]
     cache = KVCache(KVShape(2, 2, 64, torch.float32, fmt), 6, 4, CPU)
