@@ -29,7 +29,8 @@ _EXPORTS = {
     ".sampling_params": ("CHAT_SAMPLING", "SamplingParams"),
     ".serving.async_engine": ("AsyncEngine",),
     ".serving.engine": ("Engine",),
-    ".serving.metrics": ("CpuUsage", "DiskCacheStats", "EngineStats", "FirstToken", "GpuUsage", "RequestMetrics", "RequestSnapshot"),
+    ".serving.metrics": ("CpuUsage", "DiskCacheStats", "EngineStats", "FirstToken", "GpuUsage", "RequestMetrics",
+                         "RequestSnapshot"),
     ".serving.outputs": ("RequestOutput",),
     ".tools.kv_evaluation": ("KVQuality", "check_kv_formats"),
 }

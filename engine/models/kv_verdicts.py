@@ -17,6 +17,7 @@ import torch
 from ..serving.kv_format import KVFormat, choose_kv_format
 from .gguf_cache import cache_root
 from .sources import ModelSource
+from .weights_check import weight_files
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +71,14 @@ class KVRow:
 
 
 def model_key(source: ModelSource, quantization: str, device: torch.device) -> str:
-    """One model file as it is now (its size and time), loaded with ``quantization``, on this kind of device."""
-    stat = source.path.stat()
-    return f"{source.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{quantization}|{device.type}"
+    """One model as its files are now (their sizes and times: a GGUF file, or a folder's config and weight
+    files, which can be rewritten in place), loaded with ``quantization``, on this kind of device."""
+    files = [source.path] if source.kind == "gguf" else [source.folder / "config.json", *weight_files(source.folder)]
+    stamps = []
+    for file in files:
+        stat = file.stat()
+        stamps.append(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return f"{source.path.resolve()}|{','.join(stamps)}|{quantization}|{device.type}"
 
 
 def _path() -> Path:
@@ -87,18 +93,23 @@ def _read_all() -> dict:
     except (OSError, ValueError) as exc:
         log.warning("ignoring the KV format measurements in %s: %s", _path(), exc)
         return {}
-    return data.get("models", {}) if isinstance(data, dict) and data.get("version") == VERSION else {}
+    if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("models"), dict):
+        return {}
+    return data["models"]
 
 
 def measured_rows(source: ModelSource, quantization: str, device: torch.device) -> list[KVRow] | None:
     """The rows last measured for this model, or None."""
     entry = _read_all().get(model_key(source, quantization, device))
-    if not isinstance(entry, dict):
-        return None
     try:
-        return [KVRow(**row) for row in entry["rows"]]
-    except (KeyError, TypeError):
+        rows = [KVRow(**row) for row in entry["rows"]]
+    except (KeyError, TypeError, AttributeError):  # not an entry, or rows missing a field or with others
         return None
+    numbers = [getattr(row, f) for row in rows for f in ("perplexity", "kl_divergence", "top1_agreement",
+                                                         "decode_tokens_per_s_1", "decode_tokens_per_s_16")]
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
+        return None
+    return rows
 
 
 def passing_formats(rows: list[KVRow] | None) -> frozenset[str] | None:

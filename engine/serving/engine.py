@@ -7,7 +7,6 @@ import gc
 import itertools
 import logging
 import time
-import weakref
 from collections.abc import Iterable
 
 import torch
@@ -102,9 +101,11 @@ class Engine:
         if not (config.kv_disk_cache and config.enable_prefix_caching and config.kv_disk_cache_bytes > 0):
             return None
         key = kv_verdicts.model_key(self.loaded.source, self.loaded.quantization, self.device)
-        tier = DiskTier(self.kv_cache, None, key, cache_root() / "kv-blocks", config.kv_disk_cache_bytes)
-        weakref.finalize(self, tier.close)  # an engine dropped without close() still writes what it handed over
-        return tier
+        try:
+            return DiskTier(self.kv_cache, None, key, cache_root() / "kv-blocks", config.kv_disk_cache_bytes)
+        except OSError as exc:  # an unreadable cache folder: the engine serves, without the disk tier
+            log.warning("the prefix cache's disk tier is off: %s", exc)
+            return None
 
     # -- public API ---------------------------------------------------------------------------------
 

@@ -100,7 +100,8 @@ def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     groups = x.float().unflatten(-1, (-1, Q8_GROUP))
     scale = groups.abs().amax(-1, keepdim=True) / Q8_MAX
     inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
-    quants = torch.round(groups * inverse).clamp_(-Q8_MAX, Q8_MAX).to(torch.int8)
+    # a group too small for float32's 1 / scale (inf; its float16 scale is 0 anyway) stores zeros, as in C++
+    quants = torch.round(groups * inverse).nan_to_num_(0.0).clamp_(-Q8_MAX, Q8_MAX).to(torch.int8)
     return quants.flatten(-2), scale.squeeze(-1).to(torch.float16)
 
 

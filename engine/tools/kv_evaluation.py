@@ -115,7 +115,7 @@ def evaluate_kv(model: str = "default", device: str = "auto", quantization: str 
     """Measure every KV format of ``model`` (see the module's docstring); ``record`` keeps the rows for
     ``kv_cache_dtype="auto"``."""
     config = EngineConfig(model=model, device=device, quantization=quantization, kv_cache_dtype="float32",
-                          max_num_seqs=max(CHATS))
+                          max_num_seqs=max(CHATS), kv_disk_cache=False)  # no disk writes beside the timed steps
     engine = Engine(config)
     names = tuple(n for n in formats_for(engine.device) if FORMATS[n].problem(engine.kv_cache.shape.head_dim,
                                                                               engine.device) is None)

@@ -73,9 +73,9 @@ def markdown_table(kvasir: list[dict], llama: dict | None) -> str:
         runtime = r["resident_bytes"] - r["weights_bytes"] - r["kv_bytes"]
         ratio = f"{r['resident_bytes'] / llama['resident_bytes']:.2f}x" if llama else "–"
         change = r["after_two_switches_bytes"] / r["resident_bytes"] - 1
+        kv = f"{r['kv_bytes'] / mib:.1f} ({r['kv_reserved_bytes'] / mib:,.0f}) MiB"
         lines.append(f"| Kvasir, KV `{r['kv_dtype']}` | {r['resident_bytes'] / mib:.0f} MiB | "
-                     f"{r['weights_bytes'] / mib:.0f} MiB | {r['kv_bytes'] / mib:.1f} ({r['kv_reserved_bytes'] / mib:,.0f}) "
-                     f"MiB | {runtime / mib:.0f} MiB | {ratio} | {change:+.1%} |")
+                     f"{r['weights_bytes'] / mib:.0f} MiB | {kv} | {runtime / mib:.0f} MiB | {ratio} | {change:+.1%} |")
     if llama:
         lines.append(f"| llama-server (its defaults) | {llama['resident_bytes'] / mib:.0f} MiB | | | | 1.00x | |")
     return "\n".join(lines)

@@ -79,19 +79,23 @@ def _damage(data: bytes, corruption) -> bytes:
     return MAGIC + struct.pack("<I", len(text)) + text + data[start + length:]
 
 
-def test_the_folder_keeps_under_its_cap_dropping_the_least_recently_used(tmp_path):
+def test_the_folder_keeps_under_its_cap_dropping_the_least_recently_used_ends_of_chains(tmp_path):
     probe = BlockStore(tmp_path / "probe", "space", PAYLOAD, 1 << 20)
     probe.write(block())
     size = probe.total_bytes  # every file here has the same size
     store = BlockStore(tmp_path / "blocks", "space", PAYLOAD, int(3.5 * size))
-    a, b, c, d = (block((i, i, i, i), fill=i) for i in range(4))
-    for age, each in enumerate((a, b, c), start=1):
+    root = block((1, 1, 1, 1))  # a shared start: found in memory later, so never read (or touched) again
+    child = block((2, 2, 2, 2), parent=root.hash, fill=2)
+    other, newest = block((3, 3, 3, 3), fill=3), block((4, 4, 4, 4), fill=4)
+    for age, each in enumerate((root, other, child), start=1):
         store.write(each)
         os.utime(store.path(each.hash), ns=(10**9 * age, 10**9 * age))
-    assert store.read(a.hash, ROOT_HASH, a.token_ids) == a.payload  # a is now the most recently used
-    store.write(d)  # four files pass the cap: the least recently used goes
-    assert [x.hash in store for x in (a, b, c, d)] == [True, False, True, True]
-    assert store.total_bytes == 3 * size and not store.path(b.hash).exists()
+    store.write(newest)  # four files pass the cap: the oldest that no other file continues goes, not the root
+    assert [x.hash in store for x in (root, child, other, newest)] == [True, True, False, True]
+    store.write(block((5, 5, 5, 5), fill=5))  # again: the chain loses its end, and keeps its start
+    assert [x.hash in store for x in (root, child, newest)] == [True, False, True]
+    reopened = BlockStore(tmp_path / "blocks", "space", PAYLOAD, int(3.5 * size))  # the names hold the chains
+    assert reopened.total_bytes == store.total_bytes == 3 * size
 
 
 # -- the engine ---------------------------------------------------------------------------------------------------
@@ -164,3 +168,31 @@ def test_off_writes_nothing_and_clear_deletes_the_models_blocks(tiny_model_dirs,
     assert written.blocks_written_total > 0 and written.bytes_on_disk > 0
     assert on.clear_disk_cache() == written.bytes_on_disk
     assert on.stats().disk_cache.bytes_on_disk == 0 and not any(disk_home.rglob("*.kvb"))
+
+
+def test_switching_models_frees_the_cache_the_disk_tier_wrote_from(tiny_model_dirs, disk_home):
+    import gc
+    import weakref
+
+    engine = Engine(EngineConfig(model=str(tiny_model_dirs["qwen3"]), num_kv_blocks=64))
+    engine.generate([chat(engine)], PARAMS)
+    old = weakref.ref(engine.kv_cache)
+    engine.switch_model(EngineConfig(model=str(tiny_model_dirs["llama"]), num_kv_blocks=64))
+    gc.collect()
+    assert old() is None
+
+
+def test_a_block_that_cannot_be_read_is_computed_and_the_step_goes_on(tiny_model_dirs, disk_home, monkeypatch):
+    config = EngineConfig(model=str(tiny_model_dirs["qwen3"]), num_kv_blocks=64)
+    first = Engine(config)
+    messages = chat(first)
+    want = first.generate([messages], PARAMS)[0].token_ids
+    first.close()
+    restarted = Engine(config)
+
+    def refuse(*args):
+        raise PermissionError("the cache folder became unreadable")
+
+    monkeypatch.setattr(restarted.disk.store, "read", refuse)
+    out = restarted.generate([messages], PARAMS)[0]
+    assert out.finish_reason == "length" and out.token_ids == want and out.metrics.cached_prompt_tokens == 0
