@@ -48,6 +48,7 @@ MAGIC = b"KVSRKV01"
 SUFFIX = ".kvb"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 MAX_PENDING_BYTES = 256 * 1024**2  # blocks copied out of the pool and not yet written
+BYTES_PER_PACED_STEP = 32 * 1024**2  # read from disk in one step while replies are being written (tens of ms)
 CLOSE_TIMEOUT_S = 4.0  # within the engine thread's bounded join
 EVICT_TO = 0.9  # of the cap, once it is passed
 
@@ -308,13 +309,17 @@ class DiskTier:
             return
         self._queue.put(files)
 
-    def extend(self, seq: Sequence) -> int:
+    def extend(self, seq: Sequence, paced: bool = False) -> int:
         """Continue ``seq``'s cached prefix with the blocks that follow it on disk (loaded into fresh blocks and
         registered as cached); returns the tokens loaded. Never covers the prompt's last token, and never fails
-        the step: a block that can't be read ends the extension there."""
+        the step: a block that can't be read ends the extension there.
+
+        ``paced`` (replies are being written): at most :data:`BYTES_PER_PACED_STEP` are read; where more would
+        follow, ``seq.disk_pending`` says so and the scheduler calls again at the next step."""
         size = self.block_manager.block_size
         parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
-        loaded = 0
+        loaded, allowed = 0, max(1, BYTES_PER_PACED_STEP // self.store.payload_bytes) if paced else None
+        seq.disk_pending = False
         while (start := len(seq.block_table) * size) + size <= len(seq.token_ids) - 1:
             tokens = tuple(seq.token_ids[start:start + size])
             key = chain_hash(parent, tokens)
@@ -324,7 +329,12 @@ class DiskTier:
                 seq.block_hashes.append(key)
                 parent = key
                 continue
-            if key not in self.store or not self._load_block(seq, key, parent, tokens):
+            if key not in self.store:
+                break
+            if allowed is not None and loaded // size >= allowed:
+                seq.disk_pending = True  # the next step reads on
+                break
+            if not self._load_block(seq, key, parent, tokens):
                 break
             seq.block_hashes.append(key)
             parent, loaded = key, loaded + size

@@ -14,7 +14,7 @@ from .step_pacer import Allowance, StepPacer
 class PrefixExtender(Protocol):
     """Where a prompt's cached prefix can go on once memory's ends (the disk tier, :mod:`.kv_disk`)."""
 
-    def extend(self, seq: Sequence) -> int: ...
+    def extend(self, seq: Sequence, paced: bool = False) -> int: ...
 
 
 @dataclass(slots=True)
@@ -89,7 +89,7 @@ class Scheduler:
         decoding = len(out.chunks)
         allowance = self.pacer.allowance(decoding) if self.pacer else Allowance(0, 0, 0, unlimited=True)
         budget = self._schedule_prefills(out, budget, allowance)
-        self._schedule_waiting(out, budget, allowance)
+        self._schedule_waiting(out, budget, allowance, paced=decoding > 0)
         return out
 
     def commit(self, out: SchedulerOutput) -> list[NewBlock]:
@@ -182,11 +182,19 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preempted_total += 1
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, allowance: Allowance, paced: bool) -> None:
+        """Admit waiting requests in order. ``paced``: replies are being written, so a prefix read from disk
+        comes a share per step (the request waits meanwhile, holding what it has read)."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not seq.block_table:
-                self._reuse_cached_prefix(seq)
+                self._reuse_cached_prefix(seq, paced)
+            elif seq.disk_pending:
+                if self.disk is not None:
+                    self.disk.extend(seq, paced)
+                seq.disk_pending = seq.disk_pending and self.disk is not None
+            if seq.disk_pending:
+                break
             num_tokens = allowance.take(seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
             if num_tokens <= 0:
                 break
@@ -203,18 +211,19 @@ class Scheduler:
             out.chunks.append(Chunk(seq, seq.num_computed_tokens, num_tokens))
             budget -= num_tokens
 
-    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+    def _reuse_cached_prefix(self, seq: Sequence, paced: bool = False) -> None:
         match = self.block_manager.match_prefix(seq.token_ids)
         seq.block_table = match.block_ids
         seq.block_hashes = match.hashes
         seq.num_computed_tokens = len(match.block_ids) * self.block_manager.block_size
         if self.disk is not None and self.block_manager.enable_prefix_caching:
-            self.disk.extend(seq)
+            self.disk.extend(seq, paced)
 
     def _release_prefix(self, seq: Sequence) -> None:
         self.block_manager.free(seq.block_table)
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+        seq.disk_pending = False
 
 
 def _decoding(seq: Sequence) -> bool:

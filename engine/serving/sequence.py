@@ -28,6 +28,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_prompt_tokens: int | None = None  # from the prefix cache at first admission
+    disk_pending: bool = False  # more of its cached prefix is on disk, to be read in the next steps
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

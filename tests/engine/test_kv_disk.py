@@ -196,3 +196,36 @@ def test_a_block_that_cannot_be_read_is_computed_and_the_step_goes_on(tiny_model
     monkeypatch.setattr(restarted.disk.store, "read", refuse)
     out = restarted.generate([messages], PARAMS)[0]
     assert out.finish_reason == "length" and out.token_ids == want and out.metrics.cached_prompt_tokens == 0
+
+
+def test_a_prefix_read_beside_streaming_replies_comes_a_share_per_step(tiny_model_dirs, disk_home, monkeypatch):
+    """While a reply is being written, a newcomer's prefix is read from disk two blocks per step (the limit made
+    small here): the streaming reply gets its token in every one of those steps, and the newcomer still gets its
+    whole prefix from disk and the same tokens."""
+    from engine.serving import kv_disk
+
+    config = EngineConfig(model=str(tiny_model_dirs["qwen3"]), num_kv_blocks=128)
+    first = Engine(config)
+    messages = chat(first, words=200)
+    want = first.generate([messages], PARAMS)[0]
+    first.close()
+    engine = Engine(config)
+    monkeypatch.setattr(kv_disk, "BYTES_PER_PACED_STEP", 2 * engine.disk.store.payload_bytes)
+    streaming = engine.add_request("a reply that goes on", SamplingParams(max_tokens=200, ignore_eos=True))
+    engine.step()  # its prompt: it decodes from now on
+    newcomer = engine.add_request(messages, PARAMS)
+    steps_waiting = 0
+    while True:
+        outputs = {out.request_id: out for out in engine.step()}
+        assert streaming in outputs and len(outputs[streaming].delta_token_ids) == 1  # never held up
+        if newcomer in outputs:
+            break
+        steps_waiting += 1
+    blocks = (want.metrics.prompt_tokens - 1) // engine.block_size  # the last prompt token is always computed
+    assert steps_waiting >= blocks // 2 - 1  # two blocks a step
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == newcomer and out.finished:
+                final = out
+        engine.abort(streaming)
+    assert final.token_ids == want.token_ids and final.metrics.cached_prompt_tokens == blocks * engine.block_size
