@@ -1,7 +1,8 @@
-"""The stats' KV memory against the system's own figures: the pool's mappings in /proc/self/smaps are resident only
+"""The stats' KV memory against the system's own figures: the pool's pages are present (/proc/self/pagemap) only
 as far as blocks are written, as ``kv_touched_bytes`` says, and freed blocks give their pages back once idle."""
 
 import mmap
+import struct
 import sys
 
 import pytest
@@ -10,21 +11,21 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.serving.kv_cache import _pool_tensors
 from engine.tools.evaluation import eval_text
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
+PRESENT = 1 << 63  # a pagemap entry's bit for a page in memory
 
 
 def pool_resident_bytes(engine) -> int:
-    """What the system counts as resident in the KV pool's own mappings."""
-    starts = {t.data_ptr() for t in _pool_tensors(engine.kv_cache)}
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):
-                inside = int(first.split("-")[0], 16) in starts
-            elif inside and first == "Rss:":
-                total += int(line.split()[1]) * 1024
-    return total
+    """The KV pool's pages in memory, page by page over its tensors' own address ranges (the system merges
+    neighbouring anonymous mappings, so a mapping's total in smaps can hold other memory too)."""
+    page, present = mmap.PAGESIZE, 0
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        for tensor in _pool_tensors(engine.kv_cache):
+            first, count = tensor.data_ptr() // page, -(-tensor.numel() * tensor.element_size() // page)
+            pagemap.seek(first * 8)
+            entries = struct.unpack(f"<{count}Q", pagemap.read(count * 8))
+            present += sum(1 for entry in entries if entry & PRESENT)
+    return present * page
 
 
 @pytest.fixture
