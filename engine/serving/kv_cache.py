@@ -73,6 +73,16 @@ class KVCache:
             self.key_scales, self.flat_key_scales = _layers(scale_dims, torch.float16, device, shape.num_layers)
             self.value_scales, self.flat_value_scales = _layers(scale_dims, torch.float16, device, shape.num_layers)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the pool, layer by layer: keys, values and (q8_0) their scales. A block's bytes on disk
+        (:mod:`.kv_disk`) follow this order."""
+        tensors = []
+        for layer in range(self.shape.num_layers):
+            tensors += [self.keys[layer], self.values[layer]]
+            if self.key_scales:
+                tensors += [self.key_scales[layer], self.value_scales[layer]]
+        return tensors
+
     def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Store ``key`` and ``value`` (``[T, kv_heads, head_dim]``, any float dtype) at ``slots`` ``[T]``."""
         for new, flat, flat_scales in ((key, self.flat_keys, self.flat_key_scales),
@@ -117,7 +127,7 @@ def release_pages(cache: KVCache, block_ids: list[int]) -> int:
     they read as zeros and are mapped again when next written. Only whole pages inside a run of the given blocks
     go (a block smaller than a page shares it with its neighbours). Returns the bytes released."""
     released = 0
-    for tensor in _pool_tensors(cache):
+    for tensor in cache.tensors():
         mapping = _MAPPINGS.get(tensor.data_ptr())
         if mapping is None:
             continue
@@ -129,10 +139,6 @@ def release_pages(cache: KVCache, block_ids: list[int]) -> int:
                 mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
                 released += end - start
     return released
-
-
-def _pool_tensors(cache: KVCache) -> list[torch.Tensor]:
-    return [*cache.keys, *cache.values, *cache.key_scales, *cache.value_scales]
 
 
 def _runs(ids: list[int]) -> list[tuple[int, int]]:

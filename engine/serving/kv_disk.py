@@ -8,7 +8,7 @@ after a restart reads its earlier turns back instead of computing them again.
   holding memory or the step.
 - **Where**: ``<user cache>/kv-blocks/<namespace>/``, one folder per model file, weight quantisation, KV format,
   block size and cache shape, so blocks of another model or format are never even looked up. The folder is
-  capped (``EngineConfig.kv_disk_cache_bytes``); the least recently used files go first.
+  capped (``EngineConfig.kv_disk_cache_bytes``); the least recently used ends of chains go first.
 - **What is read**: when a prompt's next blocks are not in memory, the blocks that continue its chain on disk
   are loaded into fresh blocks of the pool before its prefill (on the engine's thread) and registered in the
   prefix cache as if computed. Each file says which namespace, hash, parent hash and token ids it holds and
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"KVSRKV01"
 SUFFIX = ".kvb"
-DEFAULT_MAX_BYTES = 2 * 1024**3
 MAX_PENDING_BYTES = 256 * 1024**2  # blocks copied out of the pool and not yet written
 BYTES_PER_PACED_STEP = 32 * 1024**2  # read from disk in one step while replies are being written (tens of ms)
 CLOSE_TIMEOUT_S = 4.0  # within the engine thread's bounded join
@@ -259,7 +258,7 @@ class DiskTier:
     """
 
     def __init__(self, cache: KVCache, block_manager: BlockManager | None, model_key: str, folder: Path,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_bytes: int) -> None:
         self.cache, self.block_manager = cache, block_manager
         space = namespace(model_key, cache)
         self.store = BlockStore(folder / space, space, _payload_bytes(cache), max_bytes)
@@ -302,7 +301,7 @@ class DiskTier:
             writing.pending_bytes += size
         try:
             ids = torch.tensor([b.block_id for b in fresh], device=self.cache.keys[0].device)
-            copies = [t.view(torch.uint8).index_select(0, ids).cpu() for t in _block_tensors(self.cache)]
+            copies = [t.view(torch.uint8).index_select(0, ids).cpu() for t in self.cache.tensors()]
             files = [BlockFile(b.hash, b.parent, b.token_ids, _payload(copies, i)) for i, b in enumerate(fresh)]
         except Exception as exc:  # the step's result stands; only the disk copy is given up
             _stop_writing(writing, f"copying KV blocks for the disk failed: {exc}", len(fresh), size)
@@ -419,18 +418,8 @@ def _stop_writing(writing: _Writing, failure: str, dropped: int, pending: int) -
         writing.pending_bytes -= pending
 
 
-def _block_tensors(cache: KVCache) -> list[torch.Tensor]:
-    """Every tensor of the pool, in the order a block's payload holds them: per layer keys, values, scales."""
-    tensors = []
-    for layer in range(cache.shape.num_layers):
-        tensors += [cache.keys[layer], cache.values[layer]]
-        if cache.key_scales:
-            tensors += [cache.key_scales[layer], cache.value_scales[layer]]
-    return tensors
-
-
 def _payload_bytes(cache: KVCache) -> int:
-    return sum(t[0].numel() * t.element_size() for t in _block_tensors(cache))
+    return sum(t[0].numel() * t.element_size() for t in cache.tensors())
 
 
 def _payload(copies: list[torch.Tensor], index: int) -> bytes:
@@ -441,7 +430,7 @@ def _load(cache: KVCache, block_id: int, payload: bytes) -> None:
     """Put a block's payload into block ``block_id`` of every tensor of the pool."""
     offset = 0
     raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    for tensor in _block_tensors(cache):
+    for tensor in cache.tensors():
         target = tensor[block_id].view(torch.uint8).view(-1)  # as bytes: every type copies so, float8 included
         target.copy_(raw[offset:offset + target.numel()])
         offset += target.numel()

@@ -189,10 +189,10 @@ class Scheduler:
             seq = self.waiting[0]
             if not seq.block_table:
                 self._reuse_cached_prefix(seq, paced)
+            elif seq.disk_pending and self.disk is None:  # the tier closed meanwhile: the rest is computed
+                seq.disk_pending = False
             elif seq.disk_pending:
-                if self.disk is not None:
-                    self.disk.extend(seq, paced)
-                seq.disk_pending = seq.disk_pending and self.disk is not None
+                self.disk.extend(seq, paced)
             if seq.disk_pending:
                 break
             num_tokens = allowance.take(seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))

@@ -85,8 +85,7 @@ def _torch_decode(q: torch.Tensor, cache: KVCache, layer: int, meta: GraphDecode
     # query heads that share a KV head are attended together: [B, kv_heads, groups, D], as the eager path does
     queries = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
     # each row's W blocks in table order, [B, W, block_size, kv_heads, D] -> [B, kv_heads, W * block_size, D]
-    keys, values = (blocks.flatten(1, 2).transpose(1, 2).to(q.dtype)
-                    for blocks in cache.read(layer, meta.block_table))
+    keys, values = (blocks.flatten(1, 2).transpose(1, 2) for blocks in cache.read(layer, meta.block_table))
     attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.key_mask, scale=scaling)
     return attended.reshape(batch, heads, head_dim).unsqueeze(0)
 

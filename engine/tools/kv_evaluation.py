@@ -34,10 +34,10 @@ CHATS = (1, 16)
 ROUNDS = 2
 
 
-def formats_for(device: torch.device) -> tuple[str, ...]:
-    """The formats measured on ``device`` (float32 first: the reference)."""
-    names = ("float32", "bfloat16", "float16", "q8_0")
-    return (*names, "fp8") if device.type == "cuda" else names
+def formats_for(engine: Engine) -> tuple[str, ...]:
+    """The formats the loaded model can use on its device, float32 first (the reference); fp8 on CUDA only."""
+    names = ("float32", "bfloat16", "float16", "q8_0", "fp8")
+    return tuple(n for n in names if FORMATS[n].problem(engine.kv_cache.shape.head_dim, engine.device) is None)
 
 
 @dataclasses.dataclass(slots=True)
@@ -117,8 +117,7 @@ def evaluate_kv(model: str = "default", device: str = "auto", quantization: str 
     config = EngineConfig(model=model, device=device, quantization=quantization, kv_cache_dtype="float32",
                           max_num_seqs=max(CHATS), kv_disk_cache=False)  # no disk writes beside the timed steps
     engine = Engine(config)
-    names = tuple(n for n in formats_for(engine.device) if FORMATS[n].problem(engine.kv_cache.shape.head_dim,
-                                                                              engine.device) is None)
+    names = formats_for(engine)
     progress(f"scoring the text through a cache in each of {', '.join(names)}")
     quality = measure_quality(engine, names, text_ids(engine))
     source, loaded_quantization, on = engine.loaded.source, engine.loaded.quantization, engine.device
@@ -180,7 +179,7 @@ def check_kv_formats(engine: Engine) -> list[KVQuality]:
     """Every format the loaded model can use, scored on the first :data:`CHECK_TOKENS` tokens of the shipped text
     through a cache of its own (the engine's requests and cache are left alone; run it on the engine's thread)."""
     shape = engine.kv_cache.shape
-    names = tuple(n for n in formats_for(engine.device) if FORMATS[n].problem(shape.head_dim, engine.device) is None)
+    names = formats_for(engine)
     quality = measure_quality(engine, names, text_ids(engine, CHECK_TOKENS + 1))
     return [KVQuality(name, q.kl / q.positions, q.agreed / q.positions, math.exp(q.nll / q.positions),
                       dataclasses.replace(shape, stored_as=FORMATS[name]).bytes_per_token())

@@ -54,7 +54,8 @@ def test_a_failing_smaller_format_gives_way_to_the_next_smallest(source):
     assert kv_verdicts.kv_format_for("auto", source, "int4", 64, CPU, torch.float32)[0].name == "float32"
 
 
-@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"version": 99, "models": {}}', '{"version": 1, "models": [1]}',
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"version": 99, "models": {}}',
+                                    '{"version": 1, "models": [1]}',
                                     '{"version": 1, "models": {"%s": {"rows": [{"kv_dtype": 3}]}}}',
                                     '{"version": 1, "models": {"%s": {"rows": [{"kv_dtype": "q8_0", "perplexity": 1, '
                                     '"kl_divergence": null, "top1_agreement": 1, "decode_tokens_per_s_1": 1, '

@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.serving.kv_cache import _pool_tensors
 from engine.tools.evaluation import eval_text
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
@@ -20,7 +19,7 @@ def pool_resident_bytes(engine) -> int:
     neighbouring anonymous mappings, so a mapping's total in smaps can hold other memory too)."""
     page, present = mmap.PAGESIZE, 0
     with open("/proc/self/pagemap", "rb") as pagemap:
-        for tensor in _pool_tensors(engine.kv_cache):
+        for tensor in engine.kv_cache.tensors():
             first, count = tensor.data_ptr() // page, -(-tensor.numel() * tensor.element_size() // page)
             pagemap.seek(first * 8)
             entries = struct.unpack(f"<{count}Q", pagemap.read(count * 8))
@@ -48,7 +47,7 @@ def test_the_kv_pool_counts_what_is_resident_and_only_that(engine):
     assert after.kv_blocks_cached == computed // engine.block_size
     assert after.kv_touched_bytes == after.kv_blocks_cached * per_block > 60 * 1024**2
     # the system's count differs only by the pages the first and last blocks share with their neighbours
-    slack = 2 * mmap.PAGESIZE * len(_pool_tensors(engine.kv_cache))
+    slack = 2 * mmap.PAGESIZE * len(engine.kv_cache.tensors())
     assert abs(pool_resident_bytes(engine) - after.kv_touched_bytes) <= slack
 
 
