@@ -13,6 +13,7 @@ from ..config import PACKED_MODES, EngineConfig
 from ..devices import choose_quantization, resolve_dtype
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..step import kernels
+from ..step.attention import register as register_attention
 from ..step.quantization import module_bytes, quantize_model
 from ..templates.chat_template import ChatTemplate
 from ..templates.sandbox import shared_sandbox
@@ -201,6 +202,7 @@ def _load_weights(source: ModelSource, plan: WeightsPlan, config_folder: Path | 
             return model, [], True
     from transformers import AutoModelForCausalLM
 
+    register_attention()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.folder,

@@ -9,14 +9,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..step.attention import register as register_attention
+from ..step.lean_decoder import computes_exactly
 from ..step.quantization import quantizable_linears
+from .llama_family import LlamaFamilyModel
 
 
 def empty_model(config, dtype: torch.dtype, attn: str) -> nn.Module:
-    """The causal LM of ``config`` with its parameters on ``meta``."""
+    """The causal LM of ``config`` with its parameters on ``meta``: the engine's own module tree for the llama
+    family, transformers' model class (its attention ``attn``) for the rest."""
+    if computes_exactly(config):
+        return LlamaFamilyModel(config, dtype)
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
+    register_attention()
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     return model.eval()

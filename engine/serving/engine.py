@@ -68,7 +68,7 @@ class Engine:
         plan = self._plan_attention()
         self.attention_backend, self.attention_reason, self.block_size = plan.backend, plan.reason, plan.block_size
         block_size = self.block_size
-        self.loaded: LoadedModel = load_model(config, self.device, attention.register(), progress)
+        self.loaded: LoadedModel = load_model(config, self.device, attention.ATTENTION_NAME, progress)
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
         self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)

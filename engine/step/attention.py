@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
 from ..serving.kv_cache import KVCache
 from .flex_attention import FlexMetadata, build_flex_metadata, flex_paged_attention
@@ -267,14 +266,12 @@ def attend_sequences(
 
     ``q`` and ``out``: ``[T, H, D]``. Each sequence's queries are its last ``n`` positions, so key ``k`` is
     visible to query ``i`` when ``k <= keys - n + i`` (causal, aligned to the bottom right): SDPA takes that
-    as ``causal_lower_right``, with no dense mask, and query heads that share a KV head as ``enable_gqa``.
+    as a lower-right causal mask (:func:`_lower_right_causal`), and query heads that share a KV head as ``enable_gqa``.
     Keys are read in place where a sequence's blocks are consecutive in the pool (and the cache is in the compute
     dtype), else gathered block by block.
     Every index is a Python number: no wait for the device.
     """
     width = group.blocks_per_sequence
-    from torch.nn.attention.bias import causal_lower_right  # here: the module brings in torch's compiler (a second)
-
     for row, (offset, count, length, first) in enumerate(group.sequences):
         used = -(-length // cache.block_size)
         if first is not None:
@@ -284,10 +281,21 @@ def attend_sequences(
         keys = keys.flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)  # [1, KH, L, D]
         values = values.flatten(0, 1)[:length].transpose(0, 1)[None].to(q.dtype)
         queries = q[offset : offset + count].transpose(0, 1)[None]  # [1, H, n, D]
-        mask = causal_lower_right(count, length) if count < length else None
+        mask = _lower_right_causal(count, length, q.device) if count < length else None
         attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
                                                   scale=scaling, enable_gqa=True)
         out[offset : offset + count] = attended[0].transpose(0, 1)
+
+
+def _lower_right_causal(queries: int, keys: int, device: torch.device):
+    """The mask of ``queries`` queries over ``keys`` keys aligned to the bottom right. On CUDA torch's causal bias,
+    which its kernels take without a dense mask; on the CPU torch would build this very boolean mask from it, so
+    it is built here and the bias module, which brings in torch's compiler (a second and 40 MiB), stays out."""
+    if device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(queries, keys)
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
 
 
 def _flash_attention(
@@ -336,6 +344,9 @@ def flash_attn_problem(dtype: torch.dtype, capability: tuple[int, int], head_dim
 
 
 def register() -> str:
-    """Register the paged attention function with transformers; returns its name."""
+    """Register the paged attention function with transformers; returns its name. Called where a model of
+    transformers' own classes is built (the import brings in transformers' modeling stack)."""
+    from transformers import AttentionInterface
+
     AttentionInterface.register(ATTENTION_NAME, paged_attention)
     return ATTENTION_NAME

@@ -37,7 +37,8 @@ def plan_attention(config: EngineConfig, device: torch.device, head_dim: int, dt
     stored = f"the KV cache is stored as {kv.name}, and only the torch path reads that" if converted else None
     flash = stored or (_flash_problem(device, head_dim, dtype) if on_cuda and wanted in ("auto", "flash_attn")
                        else None)
-    backend, reason = choose_backend(wanted, on_cuda, flash, stored or flex_attention.flex_problem(device))
+    flex = stored or (flex_attention.flex_problem(device) if wanted == "flex" else None)  # the check imports dynamo
+    backend, reason = choose_backend(wanted, on_cuda, flash, flex)
     block_size = backend_block_size(backend, config.block_size, device)
     if block_size != config.block_size:
         reason += f"; {block_size}-token KV blocks, the kernel's multiple (block_size={config.block_size} asked)"

@@ -26,10 +26,14 @@ class _LayerIndex:
     layer_idx: int
 
 
+def computes_exactly(config) -> bool:
+    """Whether the lean decoder computes the architecture of ``config``: the family, with the gated SiLU MLP."""
+    return config.model_type in LEAN_MODEL_TYPES and getattr(config, "hidden_act", "silu") == "silu"
+
+
 def lean_decoder_for(model: torch.nn.Module) -> LeanDecoder | None:
     """A :class:`LeanDecoder` over ``model`` when its architecture is one it computes exactly, else None."""
-    config = model.config
-    if config.model_type not in LEAN_MODEL_TYPES or getattr(config, "hidden_act", "silu") != "silu":
+    if not computes_exactly(model.config):
         return None
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):

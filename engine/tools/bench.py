@@ -74,9 +74,9 @@ def run_generate_batch(model, prompts: list[list[int]], new_tokens: int) -> Benc
     page = ContinuousBatchingConfig().page_size
     blocks = sum(-(-(len(p) + new_tokens) // page) for p in prompts) + len(prompts)  # one spare a request
     batching = ContinuousBatchingConfig(num_blocks=blocks)
-    with plain_attention(model), torch.inference_mode():
+    with plain_attention(model) as reference, torch.inference_mode():
         start = time.perf_counter()
-        results = model.generate_batch(prompts, generation_config=config, continuous_batching_config=batching,
+        results = reference.generate_batch(prompts, generation_config=config, continuous_batching_config=batching,
                                        max_new_tokens=new_tokens)
         seconds = time.perf_counter() - start
     tokens = sum(len(r.generated_tokens) for r in results.values())
@@ -84,10 +84,10 @@ def run_generate_batch(model, prompts: list[list[int]], new_tokens: int) -> Benc
 
 
 def run_generate(model, prompt: list[int], new_tokens: int) -> BenchResult:
-    with plain_attention(model), torch.inference_mode():
-        ids = torch.tensor([prompt], device=model.device)
+    with plain_attention(model) as reference, torch.inference_mode():
+        ids = torch.tensor([prompt], device=reference.device)
         start = time.perf_counter()
-        out = model.generate(
+        out = reference.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             do_sample=False, pad_token_id=0,
         )

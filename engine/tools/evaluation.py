@@ -41,11 +41,11 @@ def perplexity(engine: Engine, text: str, window: int = WINDOW, stride: int = ST
     ids = torch.tensor([engine.tokenizer.encode(text, add_special_tokens=False)], device=engine.device)
     model = engine.loaded.model
     total_nll, counted, previous_end = 0.0, 0, 0
-    with plain_attention(model):
+    with plain_attention(model) as reference:
         for start in range(0, ids.shape[1], stride):
             end = min(start + window, ids.shape[1])
             chunk = ids[:, start:end]
-            logits = model(chunk).logits.float()[0, :-1]
+            logits = reference(chunk).logits.float()[0, :-1]
             targets = chunk[0, 1:]
             fresh = end - max(previous_end, start + 1)  # tokens not scored by an earlier window
             nll = torch.nn.functional.cross_entropy(logits[-fresh:], targets[-fresh:], reduction="sum")
@@ -70,12 +70,12 @@ def chunked_perplexity(engine: Engine, text: str, context: int = WINDOW) -> floa
         raise ValueError(f"the text has {len(ids)} tokens, fewer than one chunk of {context}")
     model, first = engine.loaded.model, context // 2
     total_nll, counted = 0.0, 0
-    with plain_attention(model):
+    with plain_attention(model) as reference:
         for c in range(chunks):
             chunk = ids[c * context:(c + 1) * context]
             if bos is not None:
                 chunk = [bos, *chunk[1:]]  # as llama-perplexity does: every chunk starts at BOS
-            logits = model(torch.tensor([chunk], device=engine.device)).logits.float()[0]
+            logits = reference(torch.tensor([chunk], device=engine.device)).logits.float()[0]
             targets = torch.tensor(chunk[first + 1:], device=engine.device)
             nll = torch.nn.functional.cross_entropy(logits[first:-1], targets, reduction="sum")
             total_nll, counted = total_nll + nll.item(), counted + len(targets)

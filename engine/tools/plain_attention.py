@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import contextlib
 
+from ..models.llama_family import transformers_view
+
 
 @contextlib.contextmanager
 def plain_attention(model):
-    """Let transformers' own generation run on the engine's module (same weights) with sdpa attention."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
+    """transformers' model over the engine's modules (the same weights) with sdpa attention, for its own
+    forward pass and generation."""
+    view = transformers_view(model)
+    previous = view.config._attn_implementation
+    view.set_attn_implementation("sdpa")
     try:
-        yield model
+        yield view
     finally:
-        model.set_attn_implementation(previous)
+        view.set_attn_implementation(previous)

@@ -63,3 +63,22 @@ def test_the_pages_of_freed_blocks_go_back_to_the_system_once_the_engine_is_idle
     after = engine.stats()
     assert len(ids) == 3 and after.kv_blocks_used == after.kv_blocks_cached == 0
     assert after.kv_touched_bytes == 0 and pool_resident_bytes(engine) == 0
+
+
+def test_serving_the_default_model_leaves_the_modeling_stack_and_the_compiler_out():
+    """transformers' modeling code and torch's compiler are 60 MiB of resident memory a serving engine never uses
+    on this path: loading the default model and writing a reply imports neither (a process of its own, since
+    other tests import both)."""
+    import subprocess
+
+    script = (
+        "import sys\n"
+        "from engine import Engine, EngineConfig, SamplingParams\n"
+        "engine = Engine(EngineConfig(kv_disk_cache=False))\n"
+        "engine.generate(['The history of paper'], SamplingParams(max_tokens=8, temperature=0.0))\n"
+        "print(sorted(m for m in ('transformers.modeling_utils', 'torch._dynamo', 'torch._inductor') "
+        "if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
