@@ -177,10 +177,22 @@ def transformers_view(model: nn.Module) -> nn.Module:
 
     with init_empty_weights(include_buffers=False):
         view = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
-    for name, module in model.named_modules():
-        if name and not list(module.children()) and not isinstance(module, (RMSNorm, RotaryEmbedding, nn.SiLU)):
-            view.set_submodule(name, module)  # linear layers of any kind, embeddings
-        elif isinstance(module, RMSNorm):
-            view.get_submodule(name).weight = module.weight
+    _lend(model, view, "")
     view.generation_config = model.generation_config
     return view.to(next(model.parameters()).device).eval()
+
+
+_STRUCTURE = (LlamaFamilyModel, Decoder, DecoderLayer, Attention, MLP, nn.ModuleList)
+
+
+def _lend(module: nn.Module, view: nn.Module, prefix: str) -> None:
+    """Put ``module``'s layers into ``view`` at the same names: linear layers and embeddings of any kind whole,
+    the norms' weights; the tree's own containers are walked, the rotary frequencies are transformers' own."""
+    for name, child in module.named_children():
+        path = prefix + name
+        if isinstance(child, _STRUCTURE):
+            _lend(child, view, path + ".")
+        elif isinstance(child, RMSNorm):
+            view.get_submodule(path).weight = child.weight
+        elif not isinstance(child, (RotaryEmbedding, nn.SiLU)):
+            view.set_submodule(path, child)

@@ -83,12 +83,8 @@ def test_quantised_output_differs_from_full_precision_but_stays_close(engines):
     logits = {}
     for mode, engine in engines.items():
         ids = torch.tensor([engine.encode_prompt(prompt[0])])
-        with torch.inference_mode():
-            model = engine.loaded.model
-            previous = model.config._attn_implementation
-            model.set_attn_implementation("sdpa")
+        with torch.inference_mode(), plain_attention(engine.loaded.model) as model:
             logits[mode] = model(ids).logits[0, -1]
-            model.set_attn_implementation(previous)
     for mode in QUANTISED:
         assert not torch.equal(logits[mode], logits["none"])
         cos = torch.nn.functional.cosine_similarity(logits[mode], logits["none"], dim=0)
