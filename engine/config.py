@@ -17,6 +17,7 @@ AUTO_QUANTIZATION_RULE = ("auto: on CUDA the compute dtype where the model fits,
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # how the KV cache stores keys and values (engine/serving/kv_format.py)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "q8_0", "fp8")
+SPECULATION_MODES = ("auto", "off", "ngram")  # engine/serving/speculation.py
 
 
 @dataclass(slots=True)
@@ -37,6 +38,9 @@ class EngineConfig:
     # how keys and values are stored (engine/serving/kv_format.py); auto: the smallest format measured to keep
     # quality and speed on this model (engine/models/kv_verdicts.py), else the compute dtype
     kv_cache_dtype: str = "auto"
+    # speculative decoding (engine/serving/speculation.py): auto drafts where measurement says it pays; ngram
+    # drafts from earlier text whenever lookup finds some; off never drafts
+    speculation: str = "auto"
     # the prefix cache's disk tier (engine/serving/kv_disk.py): full KV blocks kept in the user cache folder, so a
     # chat continued after a restart is not computed again; at most this many bytes (least recently used go first)
     kv_disk_cache: bool = True
@@ -69,6 +73,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.speculation == "draft":
+            raise ValueError("speculation='draft' (a draft model) is not available yet; use 'auto', 'ngram' or 'off'")
+        if self.speculation not in SPECULATION_MODES:
+            raise ValueError(f"speculation must be one of {SPECULATION_MODES}, not {self.speculation!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
         if not isinstance(self.kv_disk_cache, bool):

@@ -37,6 +37,7 @@ from .outputs import RequestOutput
 from .prompt_encoder import Prompt, PromptEncoder
 from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
+from .speculation import Speculator
 from .step_pacer import CPU_TARGET_S, GPU_TARGET_S, StepPacer
 from .warmup import step_peak_bytes
 
@@ -83,6 +84,7 @@ class Engine:
         self.pacer = StepPacer(target)  # what steps cost on this model and device, learnt as they run
         self._set_cpu_options(config.threads, config.lower_priority)
         self.disk = self._open_disk_tier()
+        self.speculator = Speculator(config.speculation)
         self._new_scheduler()
         limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
@@ -148,12 +150,21 @@ class Engine:
         keeps serving the others.
         """
         self._adapt_threads()
+        self._plan_drafts()
         scheduled = self._schedule()
         outputs = self._compute(scheduled) if scheduled.chunks else []
         reported, self._pending = self._pending, []
         if not self.scheduler.has_unfinished():
             self._release_free_pages()
         return reported + outputs
+
+    def _plan_drafts(self) -> None:
+        """Drafts for the replies being written (speculative decoding, :mod:`.speculation`), each within what
+        its reply may still take: its ``max_tokens`` and the context, less the step's own token."""
+        decoding = self.scheduler.decoding()
+        room = {seq.request_id: min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+                - 1 for seq in decoding}
+        self.speculator.plan(decoding, room)
 
     def _release_free_pages(self) -> None:
         """Idle on the CPU: the pages of blocks freed since, and the heap the steps' activations left, are given
@@ -348,6 +359,7 @@ class Engine:
             disk_cache=self._disk_stats(),
             process_resident_bytes=resident_bytes(),
             kv_touched_bytes=self._kv_touched_bytes(),
+            speculation=self.speculator.stats(),
             max_model_len=self.max_model_len,
             num_errors_total=self.counters.errors_total,
             queue_time_p50_s=self.counters.queue_time_p50(),
@@ -481,16 +493,17 @@ class Engine:
         registered = self.scheduler.commit(done)
         if self.disk is not None:
             self.disk.save(registered)
+        prompt = [(c.start, c.num_tokens) for c in done.chunks if not c.is_decode]
+        self.speculator.record(done.chunks, end - start, decode_only=not prompt and not failed)
         outputs = self._append_tokens(done, sampled, end)
-        decode = sum(1 for c in done.chunks if c.samples and c.start >= c.seq.num_prompt_tokens)
-        self.counters.record_step(start, end, done.num_tokens - decode, len(sampled))
+        self.counters.record_step(start, end, sum(n for _, n in prompt), sum(len(tokens) for tokens in sampled))
         if not failed:
-            prompt = [(c.start, c.num_tokens) for c in scheduled.chunks if not c.is_decode]
-            self.pacer.observe(len(scheduled.chunks) - len(prompt), prompt, end - start)
+            decode_rows = sum(c.num_tokens for c in scheduled.chunks if c.is_decode)
+            self.pacer.observe(decode_rows, prompt, end - start)
         return outputs
 
-    def _forward(self, chunks: list[Chunk]) -> tuple[list[int], list[tuple[Chunk, Exception]]]:
-        """Sampled tokens of the chunks that succeeded, and the chunks that failed with their exception.
+    def _forward(self, chunks: list[Chunk]) -> tuple[list[list[int]], list[tuple[Chunk, Exception]]]:
+        """New tokens of the chunks that succeeded, and the chunks that failed with their exception.
 
         When the batch fails as a whole, each chunk runs alone, so one request's fault (or an out-of-memory
         on the batch) fails only the request that cannot run. Re-running rewrites the same KV slots.
@@ -516,20 +529,21 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _append_tokens(self, scheduled: SchedulerOutput, sampled: list[int], now: float) -> list[RequestOutput]:
+    def _append_tokens(self, scheduled: SchedulerOutput, sampled: list[list[int]], now: float) -> list[RequestOutput]:
         outputs = []
         sampling_chunks = (c for c in scheduled.chunks if c.samples)
-        for chunk, token in zip(sampling_chunks, sampled, strict=True):
+        for chunk, tokens in zip(sampling_chunks, sampled, strict=True):
             try:
-                outputs.append(self._append_token(chunk.seq, token, now))
+                outputs.append(self._append_run(chunk.seq, tokens, now))
             except Exception as exc:  # detokenising one reply must not stop the others
                 log.exception("handling a token of %s failed", chunk.seq.request_id)
                 message = f"the engine failed on this request: {describe_failure(exc)}"
                 outputs.append(self._finish(chunk.seq, "error", message, report=False))
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
-        seq.token_ids.append(token)
+    def _append_run(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
+        """Add a step's new tokens to ``seq`` (several where a draft was kept), one at a time, so a stop token,
+        a stop string or ``max_tokens`` inside the run ends the reply exactly where it would have without one."""
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.counters.record_first_token(now - seq.arrival_time, seq.first_scheduled_time - seq.arrival_time)
@@ -537,10 +551,12 @@ class Engine:
             self.counters.record_token_gap(now, now - seq.last_token_time)
         seq.last_token_time = now
         detok = self._detokenizers[seq.request_id]
-        reason = self._finish_reason(seq, token, detok)
-        if reason:
-            return self._finish(seq, reason, None, report=False)
-        return self._output(seq, [token], detok.release())
+        for count, token in enumerate(tokens, start=1):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token, detok)
+            if reason:
+                return self._finish(seq, reason, None, report=False, new_tokens=tokens[:count])
+        return self._output(seq, tokens, detok.release())
 
     def _finish_reason(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> str | None:
         params = seq.params
@@ -553,15 +569,20 @@ class Engine:
             return "length"
         return None
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None, report: bool = True) -> RequestOutput:
+    def _finish(self, seq: Sequence, reason: str, error: str | None, report: bool = True,
+                new_tokens: list[int] | None = None) -> RequestOutput:
+        """End ``seq``; ``new_tokens``: the ones this step added, where it ends on them (by default the last
+        token, for a stop or a length)."""
         self.scheduler.finish(seq)
+        self.speculator.finish(seq.request_id)
         seq.finish_reason, seq.error = reason, error
         if reason == "error":
             self.counters.record_error()
         text, delta = self._text_so_far(seq.request_id, final=True)
         self._detokenizers.pop(seq.request_id, None)
         self._sequences.pop(seq.request_id, None)
-        new_tokens = [seq.token_ids[-1]] if reason in ("stop", "length") and seq.num_output_tokens else []
+        if new_tokens is None:
+            new_tokens = [seq.token_ids[-1]] if reason in ("stop", "length") and seq.num_output_tokens else []
         out = self._output(seq, new_tokens, delta, text)
         if report:
             self._pending.append(out)

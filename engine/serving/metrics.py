@@ -25,6 +25,8 @@ class RequestMetrics:
     cached_prompt_tokens: int
     output_tokens: int
     decode_tokens_per_s: float | None
+    draft_tokens: int = 0  # speculative decoding: tokens drafted for this reply and computed
+    accepted_draft_tokens: int = 0  # ... of which the reply kept (they are part of ``output_tokens``)
 
     @classmethod
     def of(cls, seq: Sequence) -> RequestMetrics:
@@ -34,7 +36,8 @@ class RequestMetrics:
         if seq.num_output_tokens > 1 and seq.last_token_time and seq.first_token_time:
             span = seq.last_token_time - seq.first_token_time
             rate = (seq.num_output_tokens - 1) / span if span > 0 else None
-        return cls(queue, ttft, seq.num_prompt_tokens, seq.num_cached_prompt_tokens or 0, seq.num_output_tokens, rate)
+        return cls(queue, ttft, seq.num_prompt_tokens, seq.num_cached_prompt_tokens or 0, seq.num_output_tokens, rate,
+                   seq.draft_tokens, seq.accepted_draft_tokens)
 
     def to_dict(self) -> dict:
         """The metrics by name, as the command line's ``--json`` line and the endpoint report them."""
@@ -48,6 +51,8 @@ class RequestMetrics:
         if self.prompt_tokens is not None:
             cached = "?" if self.cached_prompt_tokens is None else self.cached_prompt_tokens
             parts.append(f"{cached}/{self.prompt_tokens} prompt tokens from cache")
+        if self.draft_tokens:
+            parts.append(f"{self.accepted_draft_tokens}/{self.draft_tokens} drafted tokens kept")
         return "[" + " | ".join(parts) + "]"
 
 
@@ -116,6 +121,28 @@ class DiskCacheStats:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculationStats:
+    """Speculative decoding since the model loaded (engine/serving/speculation.py)."""
+
+    mode: str  # as configured: "auto", "off" or "ngram"
+    active: bool  # drafts in the latest decode step
+    reason: str  # what the mode is doing and why, in words
+    num_drafts_total: int  # drafts computed
+    draft_tokens_total: int
+    accepted_draft_tokens_total: int
+    speedup: float | None  # measured tokens/s of drafting decode steps over plain ones at the same batch
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_draft_tokens_total / self.draft_tokens_total if self.draft_tokens_total else None
+
+    @property
+    def mean_accepted_run(self) -> float | None:
+        """Draft tokens kept per draft."""
+        return self.accepted_draft_tokens_total / self.num_drafts_total if self.num_drafts_total else None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine. Invariant: ``kv_blocks_used + kv_blocks_cached + kv_blocks_free ==
     kv_blocks_total``."""
@@ -166,6 +193,7 @@ class EngineStats:
     # are mapped as blocks are first written; on a GPU the whole pool is allocated at load)
     process_resident_bytes: int = 0
     kv_touched_bytes: int = 0
+    speculation: SpeculationStats | None = None  # speculative decoding; None for remote engines
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,25 +19,38 @@ class PrefixExtender(Protocol):
 
 @dataclass(slots=True)
 class Chunk:
-    """``num_tokens`` tokens of ``seq`` starting at position ``start``, computed in this step."""
+    """``num_tokens`` positions of ``seq`` from ``start``, computed in this step.
+
+    A decode chunk may carry a ``draft`` (speculative decoding, :mod:`.speculation`): tokens proposed to follow the
+    sequence's last one, computed in the same step after it, so ``num_tokens`` is one plus the draft's length. The
+    step keeps the ``accepted`` ones, those the model itself would have chosen.
+    """
 
     seq: Sequence
     start: int
     num_tokens: int
+    draft: tuple[int, ...] = ()
+    accepted: int = 0
 
     @property
     def end(self) -> int:
+        """One past the last position computed, draft included."""
         return self.start + self.num_tokens
 
     @property
+    def kept_end(self) -> int:
+        """One past the last position whose KV the sequence keeps: its own tokens and the accepted draft."""
+        return self.end - len(self.draft) + self.accepted
+
+    @property
     def is_decode(self) -> bool:
-        """One token past the prompt: a reply being written (prompt work is everything else)."""
-        return self.num_tokens == 1 and self.start >= self.seq.num_prompt_tokens
+        """One token past the prompt (and its draft, if any): a reply being written (prompt work is the rest)."""
+        return self.num_tokens == 1 + len(self.draft) and self.start >= self.seq.num_prompt_tokens
 
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the sequence's last token, so the step samples the next one."""
-        return self.end == self.seq.num_tokens
+        return self.end - len(self.draft) == self.seq.num_tokens
 
 
 @dataclass(slots=True)
@@ -80,6 +93,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def decoding(self) -> list[Sequence]:
+        """The running requests writing their replies (the ones a draft can go with)."""
+        return [seq for seq in self.running if _decoding(seq)]
+
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks."""
         out = SchedulerOutput()
@@ -98,9 +115,10 @@ class Scheduler:
         registered = []
         for chunk in out.chunks:
             seq = chunk.seq
-            seq.num_computed_tokens = chunk.end
+            seq.num_computed_tokens = chunk.kept_end  # a rejected draft's positions are written over later
+            tokens = seq.token_ids + list(chunk.draft[: chunk.accepted]) if chunk.accepted else seq.token_ids
             registered += self.block_manager.commit_full_blocks(
-                seq.block_table, seq.block_hashes, seq.token_ids, seq.num_computed_tokens
+                seq.block_table, seq.block_hashes, tokens, seq.num_computed_tokens
             )
         return registered
 
@@ -117,11 +135,18 @@ class Scheduler:
     # -- internals ----------------------------------------------------------------------------------
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
-        """One token for every running request past its prompt, oldest first, preempting if blocks run out."""
+        """One token for every running request past its prompt, oldest first, preempting if blocks run out;
+        with its draft where it has one and the blocks and budget allow (a draft never preempts)."""
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             if not _decoding(seq):
+                index += 1
+                continue
+            draft, seq.draft = tuple(seq.draft[: budget - 1]), []
+            if draft and self._allocate_draft(seq, len(draft), index):
+                out.chunks.append(Chunk(seq, seq.num_computed_tokens, 1 + len(draft), draft))
+                budget -= 1 + len(draft)
                 index += 1
                 continue
             allocated = self._allocate_or_preempt(seq, 1, out)
@@ -134,6 +159,15 @@ class Scheduler:
             budget -= 1
             index += 1
         return budget
+
+    def _allocate_draft(self, seq: Sequence, length: int, index: int) -> bool:
+        """Blocks for ``seq``'s next token and a draft of ``length``, only while a block stays free for every
+        request after it that decodes too: a draft must never make another reply wait."""
+        manager = self.block_manager
+        missing = manager.blocks_for(seq.num_computed_tokens + 1 + length) - len(seq.block_table)
+        later = sum(1 for s in self.running[index + 1 :] if _decoding(s))
+        return (missing == 0 or missing + later <= manager.num_available) and manager.allocate(
+            seq.block_table, seq.num_computed_tokens + 1 + length)
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> int:
         """The next prompt chunk of each running request still prefilling, as far as budget and allowance go."""
@@ -174,6 +208,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.pop()
+        seq.draft = []
         self.block_manager.free(seq.block_table)
         seq.block_hashes = []
         seq.num_computed_tokens = 0

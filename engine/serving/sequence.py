@@ -36,6 +36,9 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     source: str = ""  # who sent it ("" for the window's chats, "api" for the local endpoint)
+    draft: list[int] = field(default_factory=list)  # tokens proposed for the next step (speculative decoding)
+    draft_tokens: int = 0  # proposed and computed, over the whole reply
+    accepted_draft_tokens: int = 0  # ... of which the model kept
 
     @property
     def num_tokens(self) -> int:

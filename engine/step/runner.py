@@ -47,8 +47,10 @@ class ModelRunner:
             self.graphs = None
 
     @torch.inference_mode()
-    def run(self, chunks: list[Chunk]) -> list[int]:
-        """Compute ``chunks``; returns one sampled token per chunk that reaches its sequence's end."""
+    def run(self, chunks: list[Chunk]) -> list[list[int]]:
+        """Compute ``chunks``; returns the new tokens of each chunk that reaches its sequence's end: one sampled
+        token, or for a chunk with a draft the accepted draft tokens and the one sampled after them (see
+        :meth:`_sample`)."""
         logits = self.graphs.run(chunks) if self.graphs is not None and self.graphs.takes(chunks) else None
         if logits is not None:
             return self._sample(logits, chunks)
@@ -66,11 +68,29 @@ class ModelRunner:
             logits = self._forward(input_ids, slices, sample_index)
         return self._sample(logits, chunks)
 
-    def _sample(self, logits: torch.Tensor, chunks: list[Chunk]) -> list[int]:
-        rows = [
-            SamplingRow(c.seq.params, c.seq.token_ids, c.seq.num_output_tokens) for c in chunks if c.samples
-        ]
-        return self.sampler(logits, rows) if rows else []
+    def _sample(self, logits: torch.Tensor, chunks: list[Chunk]) -> list[list[int]]:
+        """One row of logits per sampled position: a chunk's last token, and each of its draft tokens.
+
+        Each row is sampled as if the draft before it were the reply so far (its history, and its index in the
+        reply, which a seeded request's draws follow), so the token it gives is the one plain decoding would
+        give after that prefix. A draft token is kept while it equals its row's token; the first row whose token
+        differs (or the row after the whole draft) gives the step's last token. With a draft that is one
+        proposal (as n-gram lookup makes), this is the standard accept-or-resample rule: a draft token is kept
+        with the probability the model gives it, and a rejected one is replaced by a draw from the model's
+        distribution without it, so replies follow the model's distribution exactly, token for token the same
+        as without speculation for greedy and seeded requests.
+        """
+        sampling = [c for c in chunks if c.samples]
+        rows = [SamplingRow(c.seq.params, c.seq.token_ids + list(c.draft[:j]), c.seq.num_output_tokens + j)
+                for c in sampling for j in range(len(c.draft) + 1)]
+        picked = self.sampler(logits, rows) if rows else []
+        tokens, first = [], 0
+        for chunk in sampling:
+            targets = picked[first : first + len(chunk.draft) + 1]
+            first += len(targets)
+            chunk.accepted = accepted_length(chunk.draft, targets)
+            tokens.append(targets[: chunk.accepted + 1])
+        return tokens
 
     def _forward(self, input_ids, slices, sample_index) -> torch.Tensor:
         meta = build_metadata(self.kv_cache, slices, self.device, self.backend, self.dtype)
@@ -94,12 +114,29 @@ class ModelRunner:
 
     @staticmethod
     def _pack(chunks: list[Chunk]):
+        """Token ids, attention slices and sampled rows of the step. A chunk with a draft becomes one decode
+        row per position (its last token, then each draft token), attending to the positions before it: the
+        same arithmetic as decoding those tokens one step at a time, and batched with the other decodes."""
         ids: list[int] = []
         slices: list[SequenceSlice] = []
         sample_index: list[int] = []
         for chunk in chunks:
+            if chunk.draft:
+                for j, token in enumerate((chunk.seq.token_ids[chunk.start], *chunk.draft)):
+                    slices.append(SequenceSlice(len(ids), chunk.start + j, chunk.start + j + 1, chunk.seq.block_table))
+                    ids.append(token)
+                    sample_index.append(len(ids) - 1)
+                continue
             slices.append(SequenceSlice(len(ids), chunk.start, chunk.end, chunk.seq.block_table))
             ids.extend(chunk.seq.token_ids[chunk.start : chunk.end])
             if chunk.samples:
                 sample_index.append(len(ids) - 1)
         return torch.tensor(ids), slices, torch.tensor(sample_index, dtype=torch.long)
+
+
+def accepted_length(draft: tuple[int, ...], targets: list[int]) -> int:
+    """How many leading draft tokens equal the model's own choice at their position."""
+    count = 0
+    while count < len(draft) and draft[count] == targets[count]:
+        count += 1
+    return count

@@ -100,8 +100,12 @@ def _filtered_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     top_k = _on([r.params.top_k for r in rows], device)
     top_p = _on([r.params.top_p for r in rows], device)
     min_p = _on([r.params.min_p for r in rows], device)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=device)[None, :]
+    widest = max(r.params.top_k for r in rows)
+    if all(r.params.top_k > 0 for r in rows) and widest < probs.shape[-1]:
+        sorted_probs, order = probs.topk(widest, dim=-1)  # every row keeps at most its k: no full sort
+    else:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(sorted_probs.shape[-1], device=device)[None, :]
     keep = (top_k[:, None] == 0) | (rank < top_k[:, None])
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     keep &= mass_before < top_p[:, None]  # the most likely token always stays

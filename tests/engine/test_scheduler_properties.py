@@ -1,5 +1,10 @@
 """Property tests of the scheduler on a tiny pool: outputs equal an unpaged run, nothing is lost, every step moves.
 
+Some workloads speculate: before each step every reply being written gets a draft (the reference's own next
+tokens, some of them spoilt), computed after its last token and kept as far as the fake model agrees, as the
+runner does. Rejected draft positions hold wrong KV until overwritten, so a roll-back that kept or hashed one
+would change an output or fail the pool check.
+
 A fake deterministic model stands in for the forward pass. It writes each scheduled token into a model of the
 KV pool through the sequence's block table, and picks the next token from the tokens it reads back through the
 block table. So if a prefix-cache hit, a preemption or an eviction served the wrong KV, the output changes and no
@@ -8,6 +13,7 @@ longer equals the reference: the same model run over each request's plain token 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, event, find, given, settings, target
@@ -17,6 +23,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.block_manager import BlockManager
 from engine.serving.scheduler import Chunk, Scheduler, SchedulerOutput
 from engine.serving.sequence import Sequence, Status
+from engine.step.runner import accepted_length
 from tests.helpers.paged_kv import FakeKV, check_pool
 
 VOCAB = 4  # prompt tokens; small, so prompts share prefixes
@@ -61,6 +68,8 @@ class Workload:
     max_num_batched_tokens: int
     enable_prefix_caching: bool
     requests: tuple[Request, ...]
+    draft_length: int = 0  # tokens drafted per step for each reply being written (0: no speculation)
+    spoil_seed: int = 0  # which draft tokens are spoilt (about a third)
 
     @property
     def pool_tokens(self) -> int:
@@ -91,6 +100,8 @@ def workloads(draw, max_requests: int = 8, max_new_tokens: int = 16) -> Workload
         max_num_batched_tokens=draw(st.integers(1, 32)),
         enable_prefix_caching=draw(st.sampled_from(CACHING)),
         requests=tuple(requests),
+        draft_length=draw(st.sampled_from((0, 0, 1, 3, 6))),
+        spoil_seed=draw(st.integers(0, 2**16)),
     )
 
 
@@ -104,6 +115,8 @@ class Outcome:
     num_cached_prompt_tokens: int
     blocks_used_at_end: int
     steps: int
+    drafted: int = 0
+    kept: int = 0
 
 
 class Simulation:
@@ -117,6 +130,8 @@ class Simulation:
         self.seqs: dict[int, Sequence] = {}
         self.aborted: set[int] = set()
         self.step_index = 0
+        self.random = random.Random(workload.spoil_seed)
+        self.drafted = self.kept = 0
 
     def run(self) -> Outcome:
         """Play the whole workload; every step is checked."""
@@ -134,6 +149,8 @@ class Simulation:
             num_cached_prompt_tokens=sum(seq.num_cached_prompt_tokens or 0 for seq in self.seqs.values()),
             blocks_used_at_end=self.bm.counts().used,
             steps=self.step_index,
+            drafted=self.drafted,
+            kept=self.kept,
         )
 
     def _live(self) -> list[Sequence]:
@@ -152,22 +169,34 @@ class Simulation:
                 self.aborted.add(index)
 
     def _step(self) -> None:
-        """One engine step: schedule, run the fake model over the KV, commit, append sampled tokens, finish."""
+        """One engine step: drafts, schedule, run the fake model over the KV, commit, append new tokens, finish."""
+        self._draft()
         out = self.scheduler.schedule()
         assert out.chunks, f"step {self.step_index}: requests are unfinished but nothing was scheduled"
         assert out.failed == [], "a request that fits the pool was failed"
         self._check_output(out)
         sampled = [self._forward(chunk) for chunk in out.chunks]
         self.scheduler.commit(out)
-        for chunk, token in zip(out.chunks, sampled):
-            if token is None:
-                continue
-            chunk.seq.token_ids.append(token)
-            if chunk.seq.num_output_tokens >= chunk.seq.params.max_tokens:
-                self.scheduler.finish(chunk.seq)
+        for chunk, tokens in zip(out.chunks, sampled):
+            for token in tokens:
+                chunk.seq.token_ids.append(token)
+                if chunk.seq.num_output_tokens >= chunk.seq.params.max_tokens:
+                    self.scheduler.finish(chunk.seq)
+                    break
 
-    def _forward(self, chunk: Chunk) -> int | None:
-        """Write the chunk's tokens into the KV; if it samples, the next token from the context read back."""
+    def _draft(self) -> None:
+        """The reference's next tokens as each writing reply's draft, about a third of them spoilt, within what
+        the reply may still take (as ``Engine._plan_drafts`` bounds it)."""
+        if not self.workload.draft_length:
+            return
+        for seq in self.scheduler.decoding():
+            room = min(self.workload.draft_length, seq.params.max_tokens - seq.num_output_tokens - 1)
+            truth = reference(seq.token_ids, room)
+            seq.draft = [(t + 1) % 50 if self.random.random() < 0.3 else t for t in truth]
+
+    def _forward(self, chunk: Chunk) -> list[int]:
+        """Write the chunk's tokens (and draft) into the KV; if it samples, the next token from the context read
+        back after each of its positions, kept as the runner keeps them."""
         seq, bs = chunk.seq, self.workload.block_size
         assert self.kv.read(seq.block_table, chunk.start) == seq.token_ids[: chunk.start], (
             f"request {seq.request_id} would attend to the wrong KV for positions 0..{chunk.start - 1}"
@@ -177,8 +206,15 @@ class Simulation:
             assert block.ref_count == 1 and block.hash is None, (
                 f"request {seq.request_id} writes position {position} into shared or cached block {block.block_id}"
             )
-        self.kv.write(seq.block_table, chunk.start, seq.token_ids[chunk.start : chunk.end])
-        return next_token(self.kv.read(seq.block_table, chunk.end)) if chunk.samples else None
+        written = seq.token_ids[chunk.start : chunk.end - len(chunk.draft)] + list(chunk.draft)
+        self.kv.write(seq.block_table, chunk.start, written)
+        if not chunk.samples:
+            return []
+        first = chunk.end - len(chunk.draft)
+        targets = [next_token(self.kv.read(seq.block_table, end)) for end in range(first, chunk.end + 1)]
+        chunk.accepted = accepted_length(chunk.draft, targets)
+        self.drafted, self.kept = self.drafted + len(chunk.draft), self.kept + chunk.accepted
+        return targets[: chunk.accepted + 1]
 
     def _check_output(self, out: SchedulerOutput) -> None:
         """One chunk per running request, each where its sequence stands, within the budget and its blocks."""
@@ -189,7 +225,8 @@ class Simulation:
         for chunk in out.chunks:
             assert chunk.seq.status is Status.RUNNING and chunk.seq in self.scheduler.running
             assert chunk.start == chunk.seq.num_computed_tokens and chunk.num_tokens >= 1
-            assert chunk.end <= chunk.seq.num_tokens
+            assert chunk.end - len(chunk.draft) <= chunk.seq.num_tokens
+            assert not chunk.draft or (chunk.samples and chunk.is_decode), "a draft goes with a decode only"
             assert len(chunk.seq.block_table) >= self.bm.blocks_for(chunk.end)
         for seq in out.preempted:
             assert seq.status is Status.WAITING and seq.block_table == [] and seq not in seqs
@@ -228,6 +265,7 @@ def test_every_request_gets_the_unpaged_output_and_the_pool_drains(workload: Wor
     assert outcome.blocks_used_at_end == 0
     event("preemption" if outcome.num_preempted else "no preemption")
     event("prefix hit" if outcome.num_cached_prompt_tokens else "no prefix hit")
+    event("drafts kept and rejected" if 0 < outcome.kept < outcome.drafted else "no mixed drafts")
     target(float(outcome.num_preempted), label="preemptions")
 
 
@@ -238,6 +276,9 @@ def test_the_workloads_reach_preemption_prefix_hits_and_aborts() -> None:
     hit = find(workloads(), lambda w: simulate(w).num_cached_prompt_tokens > 0, settings=quick)
     assert simulate(hit).num_cached_prompt_tokens > 0
     assert simulate(find(workloads(), lambda w: len(simulate(w).aborted) > 0, settings=quick)).aborted
+    mixed = find(workloads(), lambda w: (o := simulate(w)).num_preempted > 0 and 0 < o.kept < o.drafted,
+                 settings=quick)
+    assert simulate(mixed).num_preempted > 0  # speculation under preemption, with drafts kept and rejected
 
 
 def test_a_full_pool_preempts_and_recomputes_to_the_same_output() -> None:
