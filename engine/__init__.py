@@ -17,7 +17,8 @@ from importlib import import_module
 _EXPORTS = {
     ".api.config": ("API_SOURCE", "ApiConfig", "ApiConfigError"),
     ".api.service": ("ApiServer", "ServerStartError"),
-    ".config": ("AUTO_QUANTIZATION_RULE", "DTYPES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "WEIGHT_MODES", "EngineConfig"),
+    ".config": ("AUTO_QUANTIZATION_RULE", "DTYPES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "SPECULATION_MODES", "WEIGHT_MODES",
+                "EngineConfig"),
     ".errors": ("DownloadCancelled", "EngineDeadError", "EngineError", "HubError", "LibraryError",
                 "ModelLoadError", "PromptTooLong", "UnsupportedModelError"),
     ".models.fit": ("FitEstimate",),
@@ -30,7 +31,7 @@ _EXPORTS = {
     ".serving.async_engine": ("AsyncEngine",),
     ".serving.engine": ("Engine",),
     ".serving.metrics": ("CpuUsage", "DiskCacheStats", "EngineStats", "FirstToken", "GpuUsage", "RequestMetrics",
-                         "RequestSnapshot"),
+                         "RequestSnapshot", "SpeculationStats"),
     ".serving.outputs": ("RequestOutput",),
     ".tools.kv_evaluation": ("KVQuality", "check_kv_formats"),
 }

@@ -181,9 +181,10 @@ def _metrics(out, earlier: dict | None = None) -> dict:
     """A reply's numbers; for a continued reply, its tokens count both parts."""
     if out is None:
         return dict(earlier or {})
-    earlier_tokens = (earlier or {}).get("output_tokens", 0)
-    return {**out.metrics.to_dict(), "output_tokens": earlier_tokens + out.metrics.output_tokens,
-            "finish_reason": out.finish_reason}
+    earlier = earlier or {}
+    counts = {key: earlier.get(key, 0) + getattr(out.metrics, key)
+              for key in ("output_tokens", "draft_tokens", "accepted_draft_tokens")}
+    return {**out.metrics.to_dict(), **counts, "finish_reason": out.finish_reason}
 
 
 def _title_from(text: str) -> str:

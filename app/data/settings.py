@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import CHAT_SAMPLING, DEFAULT_API_HOST, DEFAULT_API_PORT, KV_CACHE_DTYPES, SamplingParams
+from engine import CHAT_SAMPLING, DEFAULT_API_HOST, DEFAULT_API_PORT, KV_CACHE_DTYPES, SPECULATION_MODES, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ DEFAULTS = {
     "lower_priority": False,  # the engine's threads yield to other programs that need the CPU
     "kv_cache_dtype": "auto",  # how the KV cache stores keys and values (engine.KV_CACHE_DTYPES); a change reloads
     "kv_disk_cache": True,  # recent conversations' KV blocks kept on disk, read back after a restart
+    "speculation": "auto",  # speculative decoding (engine.SPECULATION_MODES); applied at once, no reload
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
@@ -169,9 +170,10 @@ KV_SETTINGS = ("kv_cache_dtype", "kv_disk_cache")  # settings the engine takes o
 
 
 def engine_load_options(settings) -> dict:
-    """Every setting of Preferences that an :class:`engine.EngineConfig` takes: the CPU ones and the KV cache's
-    format and disk tier."""
-    return {**engine_cpu_options(settings), **{key: settings[key] for key in KV_SETTINGS}}
+    """Every setting of Preferences that an :class:`engine.EngineConfig` takes: the CPU ones, the KV cache's
+    format and disk tier, and speculative decoding's mode."""
+    return {**engine_cpu_options(settings), **{key: settings[key] for key in KV_SETTINGS},
+            "speculation": settings["speculation"]}
 
 
 def _read_object(path: Path) -> dict:
@@ -200,6 +202,8 @@ def _valid_value(key: str, value) -> bool:
         return value in KV_CACHE_DTYPES
     if key == "kv_disk_cache":
         return isinstance(value, bool)
+    if key == "speculation":
+        return value in SPECULATION_MODES
     if key in ("sampling", "api"):
         return False  # a dict is merged key by key above; anything else is not these settings
     return isinstance(value, str) and bool(value)

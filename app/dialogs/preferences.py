@@ -111,6 +111,33 @@ class CpuForm(QGroupBox):
         return {"threads": self.threads.currentData(), "lower_priority": self.lower_priority.isChecked()}
 
 
+SPECULATION_CHOICES = (
+    ("auto", "Auto: draft where it is measured to pay"),
+    ("ngram", "Always draft from earlier text"),
+    ("off", "Off"),
+)
+
+
+class SpeculationForm(QGroupBox):
+    """Speculative decoding's mode: replies are the same whatever it is; only their speed changes."""
+
+    def __init__(self, values: dict, parent=None) -> None:
+        super().__init__("Speculative decoding", parent)
+        self.mode = QComboBox()
+        for mode, text in SPECULATION_CHOICES:
+            self.mode.addItem(text, mode)
+        self.mode.setCurrentIndex(max(0, self.mode.findData(values["speculation"])))
+        self.mode.setToolTip("The engine guesses the next few tokens from earlier text (quoted passages, code being "
+                             "edited) and checks them all in one step. A reply is the same either way; auto drafts "
+                             "only while its measurements say replies come faster.")
+        self.mode.setAccessibleDescription(self.mode.toolTip())
+        form = QFormLayout(self)
+        form.addRow("Drafts", self.mode)
+
+    def values(self) -> dict:
+        return {"speculation": self.mode.currentData()}
+
+
 class PreferencesDialog(QDialog):
     """Defaults for new chats, the theme, the text size, the engine's CPU use, and the local API (``api_status``:
     what it is doing now)."""
@@ -138,9 +165,10 @@ class PreferencesDialog(QDialog):
         form.addRow("Text size", self.text_scale)
         form.addRow("Persona for new chats", self.preset)
         self.cpu = CpuForm(values)
+        self.speculation = SpeculationForm(values)
         self.kv_cache = KVCacheForm(values, check_kv, clear_disk)
         self.api = ApiForm(values.get("api", {}), api_status)
-        stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.kv_cache, self.api)
+        stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.speculation, self.kv_cache, self.api)
 
     def accept(self) -> None:
         if self.sampling.accept_or_explain() and self.api.accept_or_explain():
@@ -149,4 +177,4 @@ class PreferencesDialog(QDialog):
     def result_values(self) -> dict:
         return {"theme": self.theme.currentText(), "text_scale": self.text_scale.value(),
                 "preset": self.preset.currentText(), "sampling": self.sampling.values(), **self.cpu.values(),
-                **self.kv_cache.values(), "api": self.api.values()}
+                **self.speculation.values(), **self.kv_cache.values(), "api": self.api.values()}

@@ -68,6 +68,8 @@ class ChatEngine(Protocol):
 
     def set_cpu_options(self, threads: int | None, lower_priority: bool) -> Future | None: ...
 
+    def set_speculation(self, mode: str) -> Future | None: ...
+
     def check_kv_formats(self) -> Future | None: ...
 
     def clear_disk_cache(self) -> Future | None: ...
@@ -166,11 +168,15 @@ class EngineBridge(QObject):
                 asyncio.ensure_future(self.switch(pending))
 
     def _catch_up_cpu_options(self, engine: AsyncEngine) -> None:
-        """CPU options changed while the engine loaded with the earlier ones: give it the latest."""
+        """CPU options or the speculation mode changed while the engine loaded with the earlier ones: give it
+        the latest."""
         loaded_with, latest = self._loading_config, self.config
-        if latest is not None and loaded_with is not None and (latest.threads, latest.lower_priority) != (
-                loaded_with.threads, loaded_with.lower_priority):
+        if latest is None or loaded_with is None:
+            return
+        if (latest.threads, latest.lower_priority) != (loaded_with.threads, loaded_with.lower_priority):
             engine.call(lambda serving: serving.set_cpu_options(latest.threads, latest.lower_priority))
+        if latest.speculation != loaded_with.speculation:
+            engine.call(lambda serving: serving.set_speculation(latest.speculation))
 
     def _report_progress(self, fraction: float, phrase: str) -> None:
         self.load_progress.emit(fraction, phrase)
@@ -240,6 +246,17 @@ class EngineBridge(QObject):
         if self.engine is None or not self.engine.alive:
             return None
         return self.engine.call(lambda engine: engine.set_cpu_options(threads, lower_priority))
+
+    def set_speculation(self, mode: str) -> Future | None:
+        """Speculative decoding's mode (``engine.SPECULATION_MODES``), now, between two steps; kept for later
+        loads. Returns the engine's future for the change (None while no engine serves)."""
+        if self.config is not None:
+            self.config = dataclasses.replace(self.config, speculation=mode)
+        if self._pending is not None:
+            self._pending = dataclasses.replace(self._pending, speculation=mode)
+        if self.engine is None or not self.engine.alive:
+            return None
+        return self.engine.call(lambda engine: engine.set_speculation(mode))
 
     def check_kv_formats(self) -> Future | None:
         """The serving model's KV cache formats against a float32 cache (:func:`engine.check_kv_formats`), on

@@ -30,7 +30,15 @@ from engine import API_SOURCE, EngineStats, RequestSnapshot
 
 from ..units import size_text
 from .charts import EngineCharts
-from .formatting import cpu_threads_text, device_text, errors_text, gpu_load_text, gpu_memory_text, ms_text
+from .formatting import (
+    cpu_threads_text,
+    device_text,
+    errors_text,
+    gpu_load_text,
+    gpu_memory_text,
+    ms_text,
+    speculation_text,
+)
 from .history import EngineHistory
 from .kv_blocks import COLORS, BlockPoolView, PoolLegend, conversation_color
 from .memory_bar import MemoryBar, MemoryParts
@@ -38,6 +46,7 @@ from .request_table import RequestRow, RequestTableModel
 
 TTFT = "TTFT (last / median)"
 GAP = "Gap p99 / max"  # between two tokens of one reply
+SPECULATION = "Drafts"  # speculative decoding
 GPU_ROWS = ("GPU memory", "GPU load")
 CPU_THREADS = "CPU threads"
 REQUEST_ROWS_SHOWN = 8  # the list grows to this many rows (four requests), then scrolls
@@ -67,7 +76,7 @@ class EnginePanel(QWidget):
         page = QWidget()
         layout = QVBoxLayout(page)
         layout.setContentsMargins(2, 4, 6, 4)
-        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", GAP, "Prefill", "Requests",
+        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", SPECULATION, GAP, "Prefill", "Requests",
                                                "Errors", "Preemptions"]))
         cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate", "On disk"])
         self.pool = BlockPoolView()
@@ -160,6 +169,8 @@ class EnginePanel(QWidget):
             self._show_ttft(ttfts[-1][1] / 1000, median(self.history.values("ttft")) / 1000)
         self._set("Queue (median)", ms_text(s.queue_time_p50_s))
         self._set("Decode", f"{s.decode_tokens_per_s:.1f} tok/s")
+        self._set(SPECULATION, speculation_text(s.speculation))
+        self.labels[SPECULATION].setToolTip(s.speculation.reason if s.speculation else "")
         self._set(GAP, gap_text(s.inter_token_p99_s, s.inter_token_max_s))
         self._set("Prefill", f"{s.prefill_tokens_per_s:.0f} tok/s")
         self._set("Requests", f"{s.num_running} running, {s.num_waiting} waiting")

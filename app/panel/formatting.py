@@ -1,8 +1,9 @@
-"""The live panel's numbers in words: durations, sizes, the device, the CPU threads and the GPU's memory and load."""
+"""The live panel's numbers in words: durations, sizes, the device, the CPU threads, the GPU's memory and load,
+and speculative decoding."""
 
 from __future__ import annotations
 
-from engine import CpuUsage, EngineStats, GpuUsage
+from engine import CpuUsage, EngineStats, GpuUsage, SpeculationStats
 
 from ..units import size_text
 
@@ -49,6 +50,20 @@ def cpu_threads_text(cpu: CpuUsage) -> str:
     if cpu.lower_priority:
         text += ", lower priority"
     return text
+
+
+def speculation_text(spec: SpeculationStats | None) -> str:
+    """Speculative decoding in one line: "off", "auto, no draft yet", or "412 of 520 drafted tokens kept (79%),
+    3.1 a draft, 1.9x"."""
+    if spec is None:
+        return "–"
+    if spec.mode == "off":
+        return "off"
+    if not spec.draft_tokens_total:
+        return f"{spec.mode}, no draft yet"
+    text = (f"{spec.accepted_draft_tokens_total:,} of {spec.draft_tokens_total:,} drafted tokens kept "
+            f"({spec.acceptance_rate:.0%}), {spec.mean_accepted_run:.1f} a draft")
+    return text + (f", {spec.speedup:.1f}x" if spec.speedup else "")
 
 
 def errors_text(count: int) -> str:

@@ -87,6 +87,8 @@ def stats_line(message: Message) -> str:
         parts.append(f"{s['prompt_tokens']:,} prompt tokens")
     elif s.get("prompt_tokens"):
         parts.append(f"{s.get('cached_prompt_tokens', 0):,} of {s['prompt_tokens']:,} prompt tokens from cache")
+    if s.get("draft_tokens"):
+        parts.append(f"{s.get('accepted_draft_tokens', 0):,} of {s['draft_tokens']:,} drafted tokens kept")
     if s.get("queue_time_s") is not None:
         parts.append(f"queued {s['queue_time_s'] * 1000:.0f} ms")
     return " · ".join(parts)

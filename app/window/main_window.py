@@ -173,12 +173,15 @@ class MainWindow(QMainWindow):
         if not dialog.exec():
             return
         api_before, cpu_before = dict(self.settings["api"]), engine_cpu_options(self.settings)
+        speculation_before = self.settings["speculation"]
         kv_before = {key: self.settings[key] for key in KV_SETTINGS}
         for key, value in dialog.result_values().items():
             self.settings[key] = value
         self.settings.save()
         if engine_cpu_options(self.settings) != cpu_before:
             self.bridge.set_cpu_options(**engine_cpu_options(self.settings))
+        if self.settings["speculation"] != speculation_before:
+            self.bridge.set_speculation(self.settings["speculation"])
         kv_after = {key: self.settings[key] for key in KV_SETTINGS}
         if kv_after != kv_before and self.bridge.config is not None:
             # the pool is rebuilt (another format, or with or without its disk tier): a reload, asked first where

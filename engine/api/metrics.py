@@ -26,6 +26,12 @@ METRICS = (
     (names.KV_BLOCKS_USED, "gauge", "Blocks held by live requests", lambda s: s.kv_blocks_used),
     (names.KV_BLOCKS_CACHED, "gauge", "Unreferenced blocks keeping a reusable prefix", lambda s: s.kv_blocks_cached),
     (names.KV_BLOCKS_FREE, "gauge", "Free blocks", lambda s: s.kv_blocks_free),
+    (names.SPEC_DECODE_DRAFTS, "counter", "Speculative drafts computed",
+     lambda s: s.speculation.num_drafts_total if s.speculation else 0),
+    (names.SPEC_DECODE_DRAFT_TOKENS, "counter", "Draft tokens computed",
+     lambda s: s.speculation.draft_tokens_total if s.speculation else 0),
+    (names.SPEC_DECODE_ACCEPTED_TOKENS, "counter", "Draft tokens kept",
+     lambda s: s.speculation.accepted_draft_tokens_total if s.speculation else 0),
 )
 
 

@@ -200,6 +200,11 @@ class Engine:
         self.config = dataclasses.replace(self.config, threads=threads, lower_priority=lower_priority)
         self._set_cpu_options(threads, lower_priority)
 
+    def set_speculation(self, mode: str) -> None:
+        """Speculative decoding's mode (``EngineConfig.speculation``) from the next step on; a later load keeps it."""
+        self.config = dataclasses.replace(self.config, speculation=mode)  # checks the mode
+        self.speculator.set_mode(mode)
+
     def switch_model(self, config: EngineConfig, progress: Progress | None = None) -> None:
         """Serve ``config`` from now on. Running requests end with ``finish_reason='abort'``.
 

@@ -17,3 +17,6 @@ KV_BLOCKS_TOTAL = PREFIX + "kv_blocks_total"
 KV_BLOCKS_USED = PREFIX + "kv_blocks_used"
 KV_BLOCKS_CACHED = PREFIX + "kv_blocks_cached"
 KV_BLOCKS_FREE = PREFIX + "kv_blocks_free"
+SPEC_DECODE_DRAFTS = PREFIX + "spec_decode_num_drafts"  # counter
+SPEC_DECODE_DRAFT_TOKENS = PREFIX + "spec_decode_num_draft_tokens"  # counter
+SPEC_DECODE_ACCEPTED_TOKENS = PREFIX + "spec_decode_num_accepted_tokens"  # counter

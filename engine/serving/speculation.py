@@ -94,7 +94,6 @@ class Speculator:
     """Sets each decoding request's draft before a step, and learns from what the step kept."""
 
     def __init__(self, mode: str) -> None:
-        self.mode = mode
         self.proposer = NgramProposer()
         self.costs = StepCosts()
         self.engine_acceptance = Acceptance(ENGINE_DECAY)
@@ -102,6 +101,12 @@ class Speculator:
         self._idle_steps: dict[str, int] = {}
         self.num_drafts_total = self.draft_tokens_total = self.accepted_total = 0
         self._speedup: float | None = None
+        self._active = False
+        self.set_mode(mode)
+
+    def set_mode(self, mode: str) -> None:
+        """Draft as ``mode`` says from the next step on; what was measured is kept."""
+        self.mode = mode
         self._active = False
         self._reason = "off: chosen in the settings" if mode == "off" else "no reply has been written yet"
 

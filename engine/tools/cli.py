@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from ..config import AUTO_QUANTIZATION_RULE, KV_CACHE_DTYPES, QUANTIZATIONS, WEIGHT_MODES, EngineConfig
+from ..config import AUTO_QUANTIZATION_RULE, KV_CACHE_DTYPES, QUANTIZATIONS, SPECULATION_MODES, WEIGHT_MODES, EngineConfig
 from ..errors import EngineError
 from ..sampling_params import CHAT_SAMPLING
 from ..step.attention_backend import ATTENTION_BACKENDS
@@ -27,6 +27,9 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="how the KV cache stores keys and values (auto: the smallest format measured to keep "
                              "quality and speed on this model, see eval-quant --kv)")
+    parser.add_argument("--speculation", default="auto", choices=SPECULATION_MODES,
+                        help="speculative decoding: auto drafts from earlier text where measurement says it pays, "
+                             "ngram whenever lookup finds a draft, off never")
     parser.add_argument("--no-kv-disk-cache", dest="kv_disk_cache", action="store_false",
                         help="keep no KV blocks on disk (by default recent conversations' are, so a restart "
                              "computes nothing again)")
@@ -147,6 +150,7 @@ def config_from(args) -> EngineConfig:
         device=args.device,
         num_kv_blocks=args.kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype,
+        speculation=args.speculation,
         kv_disk_cache=args.kv_disk_cache,
         cuda_graphs=args.cuda_graphs,
         attention_backend=args.attention,

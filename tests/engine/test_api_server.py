@@ -221,6 +221,21 @@ def test_metrics_expose_kv_usage_and_prefix_cache_counters(server, engine, clien
     assert samples["kvasir:prefix_cache_hits_total"] == stats.cached_prompt_tokens_total > 0
     assert samples["kvasir:kv_blocks_total"] == stats.kv_blocks_total
     assert "# TYPE kvasir:prefix_cache_queries_total counter" in text
+    assert samples["kvasir:spec_decode_num_draft_tokens_total"] == stats.speculation.draft_tokens_total
+    assert "# TYPE kvasir:spec_decode_num_accepted_tokens_total counter" in text
+
+
+def test_metrics_export_speculation_under_vllm_names():
+    from engine.api.metrics import prometheus_text
+    from engine.serving.metrics import SpeculationStats
+    from tests.helpers.fake_engine import fake_stats
+
+    stats = fake_stats(speculation=SpeculationStats("auto", True, "", 7, 30, 21, 1.8))
+    lines = prometheus_text(stats).splitlines()
+    assert 'kvasir:spec_decode_num_drafts_total{model_name="Fake-1M"} 7.0' in lines
+    assert 'kvasir:spec_decode_num_draft_tokens_total{model_name="Fake-1M"} 30.0' in lines
+    assert 'kvasir:spec_decode_num_accepted_tokens_total{model_name="Fake-1M"} 21.0' in lines
+    assert 'kvasir:spec_decode_num_drafts_total{model_name="Fake-1M"} 0.0' in prometheus_text(fake_stats()).splitlines()
 
 
 def raw_text(server: ApiServer, path: str) -> tuple[int, str]:

@@ -214,3 +214,23 @@ def test_sampled_replies_follow_the_model_distribution_with_drafts(tiny_llama):
     assert drafted == samples  # every second token was drafted
     accepted = sum(p_first * top3(ids + [a]).get(draft, 0.0) for a, p_first in first.items())
     assert abs(kept - samples * accepted) < 5 * math.sqrt(samples * accepted * (1 - accepted))  # kept as p(draft)
+
+
+def test_the_mode_changes_between_steps_and_a_wrong_one_is_refused(tiny_llama):
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    plain = _engine(tiny_llama).generate(PROMPTS[:1], params)
+    engine = _engine(tiny_llama, "ngram")
+    _with_oracle(engine, plain, PROMPTS[:1])
+    engine.set_speculation("off")
+    assert _drafted(engine.generate(PROMPTS[:1], params)) == (0, 0)
+    assert engine.stats().speculation.mode == "off" and engine.config.speculation == "off"
+    with pytest.raises(ValueError, match="speculation must be one of"):
+        engine.set_speculation("sometimes")
+    with pytest.raises(ValueError, match="draft model"):
+        engine.set_speculation("draft")
+    assert engine.stats().speculation.mode == "off"
+    engine.set_speculation("ngram")
+    drafted = engine.generate(PROMPTS[:1], params)
+    assert drafted[0].token_ids == plain[0].token_ids and _drafted(drafted)[0] > 0
+    stats = engine.stats().speculation
+    assert stats.draft_tokens_total == _drafted(drafted)[0] and stats.accepted_draft_tokens_total == _drafted(drafted)[1]

@@ -47,6 +47,7 @@ class FakeBridge(QObject):
         self.requests: list[list[dict]] = []
         self.restarts = 0
         self.cpu_options: tuple | None = None  # what set_cpu_options was last given
+        self.speculation: str | None = None  # what set_speculation was last given
         self.gate: asyncio.Event | None = None
         self.streams = 0
         self.token_counts = 0  # how many times count_tokens ran
@@ -73,6 +74,9 @@ class FakeBridge(QObject):
 
     def set_cpu_options(self, threads, lower_priority) -> None:
         self.cpu_options = (threads, lower_priority)
+
+    def set_speculation(self, mode) -> None:
+        self.speculation = mode
 
     def clear_disk_cache(self) -> Future:
         """A finished clearing that freed 3 MiB."""

@@ -76,8 +76,18 @@ def test_the_kv_cache_format_keeps_what_the_engine_takes(tmp_path, saved, kept):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"kv_cache_dtype": saved, "threads": 2}))
     options = engine_load_options(Settings(path))
-    assert options == {"threads": 2, "lower_priority": False, "kv_cache_dtype": kept, "kv_disk_cache": True}
+    assert options == {"threads": 2, "lower_priority": False, "kv_cache_dtype": kept, "kv_disk_cache": True,
+                       "speculation": "auto"}
     EngineConfig(**options)
+
+
+@pytest.mark.parametrize(("saved", "kept"), [("ngram", "ngram"), ("off", "off"), ("draft", "auto"), (True, "auto")])
+def test_the_speculation_mode_keeps_what_the_engine_takes(tmp_path, saved, kept):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"speculation": saved}))
+    options = engine_load_options(Settings(path))
+    assert options["speculation"] == kept
+    assert EngineConfig(**options).speculation == kept
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "\"settings\"", "{\"theme\": ", "\udcff"])

@@ -92,6 +92,14 @@ def test_the_engines_threads_and_priority_are_saved_and_given_to_the_engine_at_o
     assert saved(window)["threads"] == "auto" and bridge.cpu_options == (None, True)
 
 
+def test_the_speculation_mode_is_saved_and_given_to_the_engine_at_once(window, answer):
+    bridge = window.bridge
+    answer(window, lambda d: d.theme.setCurrentText("light"))
+    assert bridge.speculation is None  # unchanged: the engine is not disturbed
+    answer(window, lambda d: d.speculation.mode.setCurrentIndex(d.speculation.mode.findData("off")))
+    assert saved(window)["speculation"] == "off" and bridge.speculation == "off"
+
+
 def test_the_cpu_form_shows_what_was_saved():
     from app.dialogs.preferences import AUTO_THREADS, CpuForm
 

@@ -53,6 +53,9 @@ class StandInEngine:
     def set_cpu_options(self, threads, lower_priority):
         self.cpu_options = (threads, lower_priority)
 
+    def set_speculation(self, mode):
+        self.speculation = mode
+
 
 @pytest.fixture
 def made():
@@ -169,4 +172,17 @@ def test_cpu_options_reach_the_serving_engine_and_every_later_load(qtbot, qloop,
     assert made[-1].config.threads is None and made[-1].cpu_options == (1, True)  # caught up once loaded
     assert bridge.set_cpu_options(None, False).result(10) is None
     assert made[-1].cpu_options == (None, False) and bridge.config.threads is None
+    bridge.shutdown()
+
+
+def test_the_speculation_mode_reaches_the_serving_engine_and_every_later_load(qtbot, qloop, made):
+    release = threading.Event()
+    bridge = EngineBridge(engine_factory=slow_factory(release))
+    bridge.start(EngineConfig(model="first"))
+    assert bridge.set_speculation("ngram") is None  # still loading: kept for the load that follows
+    release.set()
+    run_until(qloop, bridge.loaded, lambda stats: True)
+    assert bridge.config.speculation == "ngram" and made[-1].speculation == "ngram"  # caught up once loaded
+    bridge.set_speculation("off").result(10)
+    assert made[-1].speculation == "off" and bridge.config.speculation == "off"
     bridge.shutdown()

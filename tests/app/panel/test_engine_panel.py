@@ -354,3 +354,19 @@ def test_the_memory_row_adds_up_to_the_processs_resident_memory(panel, clock):
                                              "runtime 486.0 MiB")
     parts = panel.memory_bar.parts
     assert sum(size for _, size in parts.pieces()) == 590 * mib and panel.memory_bar.isVisible()
+
+
+def test_the_drafts_row_says_what_speculation_kept_and_why(panel):
+    from engine import SpeculationStats
+
+    spec = SpeculationStats("auto", True, "auto: drafting for 1 of 1 replies", 40, 160, 124, 1.93)
+    panel.update_stats(fake_stats(speculation=spec))
+    label = panel.labels["Drafts"]
+    assert label.text() == "124 of 160 drafted tokens kept (78%), 3.1 a draft, 1.9x"
+    assert label.toolTip() == "auto: drafting for 1 of 1 replies"
+    panel.update_stats(fake_stats(speculation=SpeculationStats("off", False, "off: chosen", 0, 0, 0, None)))
+    assert label.text() == "off"
+    panel.update_stats(fake_stats(speculation=SpeculationStats("auto", False, "measuring", 0, 0, 0, None)))
+    assert label.text() == "auto, no draft yet"
+    panel.update_stats(fake_stats())  # a remote engine says nothing about drafts
+    assert label.text() == "–"

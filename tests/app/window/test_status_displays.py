@@ -18,6 +18,8 @@ def test_the_stats_line_puts_ttft_first_and_says_each_number():
                             cached_prompt_tokens=380, queue_time_s=0.003))
     assert line == "TTFT 123 ms · 48 tokens · 21.3 tok/s · 380 of 412 prompt tokens from cache · queued 3 ms"
     assert stats_line(reply(output_tokens=1)) == "1 tokens"  # one token: no rate, no TTFT recorded
+    assert stats_line(reply(output_tokens=60, draft_tokens=50, accepted_draft_tokens=41)) == \
+        "60 tokens · 41 of 50 drafted tokens kept"
     assert stats_line(reply()) == ""
 
 

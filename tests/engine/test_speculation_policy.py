@@ -1,0 +1,96 @@
+"""The speculation policy: a step's cost line learnt from its times, acceptance counted per token tried, and auto's
+drafts as long as their expected tokens are worth their rows: long for one chat with cheap rows and drafts that are
+right, none where a row costs what it can give, a one-token probe now and then."""
+
+import pytest
+
+from engine.sampling_params import SamplingParams
+from engine.serving.sequence import Sequence
+from engine.serving.speculation import FORCED_DRAFT, MAX_DRAFT, PROBE_EVERY, PRIOR_ROW_SHARE, Acceptance, \
+    Speculator, StepCosts
+
+REPEATING = list(range(40)) * 3  # lookup always finds the continuation
+
+
+def _seq(name: str) -> Sequence:
+    return Sequence(name, list(REPEATING), 10, SamplingParams(max_tokens=500), 0.0)
+
+
+def _learnt(speculator: Speculator, fixed: float, per_row: float, rows=(1, 2, 4, 8, 16, 32)) -> None:
+    for count in rows:
+        for _ in range(3):
+            speculator.costs.observe(count, fixed + per_row * count)
+
+
+def test_the_cost_line_is_found_from_step_times():
+    costs = StepCosts()
+    for rows in (1, 3, 4, 9):
+        costs.observe(rows, 0.010 + 0.002 * rows)
+    fixed, per_row = costs.line()
+    assert fixed == pytest.approx(0.010) and per_row == pytest.approx(0.002)
+    assert costs.predict(20) == pytest.approx(0.050)
+
+
+def test_one_row_count_gives_the_guessed_slope():
+    costs = StepCosts()
+    costs.observe(4, 0.040)
+    fixed, per_row = costs.line()
+    assert per_row == pytest.approx(PRIOR_ROW_SHARE * 0.010) and fixed + 4 * per_row == pytest.approx(0.040)
+
+
+def test_acceptance_counts_the_tokens_tried():
+    acceptance = Acceptance(decay=1.0, prior=0.5, weight=0.0)
+    acceptance.record(5, 2)  # two kept, the third tried and rejected, the last two never tried
+    acceptance.record(3, 3)  # all three kept
+    assert acceptance.rate() == pytest.approx(5 / 6)
+
+
+def test_right_drafts_with_cheap_rows_draft_long():
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.010, per_row=0.0005)
+    seq = _seq("a")
+    for _ in range(10):
+        speculator.engine_acceptance.record(8, 8)
+        speculator._acceptance("a").record(8, 8)
+    speculator.plan([seq], {"a": 100})
+    assert len(seq.draft) == MAX_DRAFT and speculator.stats().active
+
+
+def test_no_draft_where_a_row_costs_what_it_gives():
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.0, per_row=0.004)  # a step of 16 rows costs 16 rows: a draft token must be sure
+    seqs = [_seq(str(i)) for i in range(16)]
+    for _ in range(10):
+        speculator.engine_acceptance.record(4, 3)
+    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
+    assert all(s.draft == [] for s in seqs)
+    assert "not drafting" in speculator.stats().reason
+
+
+def test_a_request_that_has_not_drafted_for_a_while_probes_one_token():
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.0, per_row=0.004)
+    seq = _seq("a")
+    lengths = []
+    for _ in range(PROBE_EVERY + 1):
+        speculator.plan([seq], {"a": 100})
+        lengths.append(len(seq.draft))
+    assert lengths[:PROBE_EVERY] == [0] * PROBE_EVERY and lengths[-1] == 1
+
+
+def test_forced_and_off_modes_and_the_room_left():
+    forced, off = Speculator("ngram"), Speculator("off")
+    seq = _seq("a")
+    forced.plan([seq], {"a": 100})
+    assert len(seq.draft) == FORCED_DRAFT
+    forced.plan([seq], {"a": 2})
+    assert len(seq.draft) == 2  # max_tokens or the context leave room for two
+    off.plan([seq], {"a": 100})
+    assert seq.draft == [] and off.stats().draft_tokens_total == 0
+
+
+def test_auto_waits_for_a_measured_step_before_drafting():
+    speculator = Speculator("auto")
+    seq = _seq("a")
+    speculator.plan([seq], {"a": 100})
+    assert seq.draft == [] and "measuring" in speculator.stats().reason
