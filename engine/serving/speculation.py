@@ -34,6 +34,7 @@ ENGINE_DECAY = 0.98
 PRIOR_ROW_SHARE = 0.25  # until two row counts are measured, a row is guessed at a quarter of a one-row step
 PROBE_EVERY = 16  # steps without a draft before a request tries one token again
 COST_DECAY = 0.8  # a row count's mean time follows the machine's load
+AGE_DECAY = 0.99  # a row count not seen for a while weighs less (contexts grow, the load changes): half in 70 steps
 
 
 class Acceptance:
@@ -60,11 +61,15 @@ class StepCosts:
     def __init__(self) -> None:
         self._mean: dict[int, float] = {}
         self._count: dict[int, int] = {}
+        self._seen_at: dict[int, int] = {}
+        self._steps = 0
 
     def observe(self, rows: int, seconds: float) -> None:
         seen = self._count.get(rows, 0)
         self._mean[rows] = seconds if not seen else COST_DECAY * self._mean[rows] + (1 - COST_DECAY) * seconds
         self._count[rows] = seen + 1
+        self._steps += 1
+        self._seen_at[rows] = self._steps
 
     @property
     def known(self) -> bool:
@@ -72,8 +77,10 @@ class StepCosts:
 
     def line(self) -> tuple[float, float]:
         """(fixed, per row) seconds: a least-squares line through the row counts seen (each weighing by how often
-        it was, up to ten), its slope guessed until two counts are known and never below 1% of a row's share."""
-        points = [(rows, mean, min(self._count[rows], 10)) for rows, mean in self._mean.items()]
+        it was, up to ten, and less the longer ago), its slope guessed until two counts are known and never below
+        1% of a row's share."""
+        points = [(rows, mean, min(self._count[rows], 10) * AGE_DECAY ** (self._steps - self._seen_at[rows]))
+                  for rows, mean in self._mean.items()]
         total = sum(w for _, _, w in points)
         mean_rows = sum(r * w for r, _, w in points) / total
         mean_time = sum(t * w for _, t, w in points) / total

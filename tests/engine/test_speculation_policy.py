@@ -31,6 +31,16 @@ def test_the_cost_line_is_found_from_step_times():
     assert costs.predict(20) == pytest.approx(0.050)
 
 
+def test_row_counts_not_seen_for_long_weigh_less():
+    costs = StepCosts()
+    for _ in range(10):
+        costs.observe(8, 0.080)  # measured on a short context, long ago
+    for _ in range(300):
+        costs.observe(1, 0.020)
+        costs.observe(2, 0.030)  # now a row costs 10 ms
+    assert costs.line()[1] == pytest.approx(0.010, rel=0.05)
+
+
 def test_one_row_count_gives_the_guessed_slope():
     costs = StepCosts()
     costs.observe(4, 0.040)

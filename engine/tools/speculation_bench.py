@@ -1,0 +1,171 @@
+"""Speculative decoding against plain decoding, side by side in one run: three workloads x {off, ngram, auto}, one
+chat and four, on the default model, greedy; and llama-server with and without its own n-gram speculation on
+the same one-chat prompts, where ``make peers`` has built it.
+
+Workloads: (1) rewrite a given 300-line Python file with one function renamed; (2) summarise a given text of
+about 1,500 tokens quoting its key sentences; (3) a free story. Each reply is ``REPLY_TOKENS`` tokens. The
+prompts are computed once before the timed rounds (the prefix cache keeps them), so the figures are decode
+speed: output tokens over the replies' wall time. The modes take turns within each round, on one engine (auto
+keeps what it measured), and every mode's replies are checked to be the same tokens as ``off``'s.
+
+``python -m engine.tools.speculation_bench`` prints the table and writes ``bench/results/speculation.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib import resources
+from pathlib import Path
+
+MODES = ("off", "ngram", "auto")
+CHATS = (1, 4)
+REPLY_TOKENS = 192
+ROUNDS = 3
+RENAMES = (("_forget", "_drop_entry"), ("_remember", "_note_entry"), ("_parse_name", "_split_name"),
+           ("_used_at", "_last_use_of"))
+STORIES = ("a lighthouse keeper who finds a map", "two friends crossing a desert", "a city where it never rains",
+           "the last train of the night")
+RESULTS = Path("bench/results/speculation.json")
+
+
+def _data(name: str) -> str:
+    return resources.files("engine").joinpath(f"data/{name}").read_text()
+
+
+def rewrite_prompts(chats: int) -> list[list[dict]]:
+    source = _data("rewrite_source.txt")
+    return [[{"role": "user", "content": f"Here is a Python file:\n\n```python\n{source}```\n\nRewrite the whole "
+                                         f"file with the method `{old}` renamed to `{new}`. Change nothing else."}]
+            for old, new in RENAMES[:chats]]
+
+
+def summary_prompts(chats: int, tokenizer) -> list[list[dict]]:
+    ids = tokenizer.encode(_data("eval_text.txt"), add_special_tokens=False)[:1500]
+    text = tokenizer.decode(ids)
+    asks = ("the key sentences", "the three most important sentences", "its opening and closing sentences",
+            "the sentences about people")
+    return [[{"role": "user", "content": f"{text}\n\nSummarise the text above, quoting {ask} word for word."}]
+            for ask in asks[:chats]]
+
+
+def story_prompts(chats: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": f"Write a story about {topic}."}] for topic in STORIES[:chats]]
+
+
+def workloads(chats: int, tokenizer) -> dict[str, list[list[dict]]]:
+    return {"rewrite": rewrite_prompts(chats), "summarise": summary_prompts(chats, tokenizer),
+            "story": story_prompts(chats)}
+
+
+def measure_kvasir(rounds: int = ROUNDS, reply_tokens: int = REPLY_TOKENS, progress=print) -> list[dict]:
+    """tokens/s of every (workload, chats, mode), the best of ``rounds`` turns, with the draft counts."""
+    from .. import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(EngineConfig(kv_disk_cache=False))
+    params = SamplingParams(max_tokens=reply_tokens, temperature=0.0, ignore_eos=True)
+    rows = []
+    for chats in CHATS:
+        for name, prompts in workloads(chats, engine.tokenizer).items():
+            engine.set_speculation("off")
+            engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))  # the prompts, into the cache
+            runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+            for _ in range(rounds):
+                for mode in MODES:
+                    engine.set_speculation(mode)
+                    start = time.perf_counter()
+                    outputs = engine.generate(prompts, params)
+                    seconds = time.perf_counter() - start
+                    runs[mode].append({"seconds": seconds, "tokens": [o.token_ids for o in outputs],
+                                       "drafted": sum(o.metrics.draft_tokens for o in outputs),
+                                       "kept": sum(o.metrics.accepted_draft_tokens for o in outputs)})
+            reference = runs["off"][0]["tokens"]
+            for mode in MODES:
+                best = min(runs[mode], key=lambda run: run["seconds"])
+                produced = sum(len(tokens) for tokens in best["tokens"])
+                rows.append({"workload": name, "chats": chats, "mode": mode, "tokens_per_s": produced / best["seconds"],
+                             "drafted": best["drafted"], "kept": best["kept"],
+                             "same_as_off": all(run["tokens"] == reference for run in runs[mode])})
+                progress(f"{name}, {chats} chat(s), {mode}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+    return rows
+
+
+def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = ROUNDS, progress=print) -> list[dict] | None:
+    """llama-server on the same GGUF file and one-chat prompts, with and without ``--spec-type ngram-simple``;
+    None where it is not built."""
+    from ..models.sources import default_model_path
+    from . import peers
+
+    if peers.find_tool("llama-server") is None:
+        return None
+    from .. import Engine, EngineConfig
+
+    tokenizer_engine = Engine(EngineConfig(kv_disk_cache=False))  # the chat template, as Kvasir applies it
+    prompts = {name: tokenizer_engine.encode_prompt(p[0]) for name, p in workloads(1, tokenizer_engine.tokenizer).items()}
+    del tokenizer_engine
+    rows = []
+    for mode, extra in (("off", ()), ("ngram", ("--spec-type", "ngram-simple"))):
+        with peers.server(default_model_path(), extra_args=extra) as server:
+            for name, ids in prompts.items():
+                server.complete(ids, 1)  # the prompt, into its cache
+                best = min((server.complete(ids, reply_tokens) for _ in range(rounds)), key=lambda r: r["seconds"])
+                rows.append({"workload": name, "chats": 1, "mode": mode,
+                             "tokens_per_s": len(best["tokens"]) / best["seconds"]})
+                progress(f"llama-server {name}, {mode}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+    return rows
+
+
+def markdown_table(kvasir: list[dict], llama: list[dict] | None) -> str:
+    def rate(rows, workload, chats, mode):
+        return next((r["tokens_per_s"] for r in rows or () if (r["workload"], r["chats"], r["mode"]) ==
+                     (workload, chats, mode)), None)
+
+    lines = ["| workload | chats | off tok/s | ngram | auto | drafted tokens kept (ngram) | "
+             "llama-server off | llama-server ngram-simple |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for workload in ("rewrite", "summarise", "story"):
+        for chats in CHATS:
+            off = rate(kvasir, workload, chats, "off")
+            ngram_row = next(r for r in kvasir if (r["workload"], r["chats"], r["mode"]) == (workload, chats, "ngram"))
+            cells = [f"{off:.1f}"]
+            for mode in ("ngram", "auto"):
+                value = rate(kvasir, workload, chats, mode)
+                cells.append(f"{value:.1f} ({value / off:.2f}x)")
+            kept = f"{ngram_row['kept']}/{ngram_row['drafted']}" if ngram_row["drafted"] else "–"
+            peer_off, peer_spec = rate(llama, workload, chats, "off"), rate(llama, workload, chats, "ngram")
+            peer = [f"{peer_off:.1f}" if peer_off else "–",
+                    f"{peer_spec:.1f} ({peer_spec / peer_off:.2f}x)" if peer_off and peer_spec else "–"]
+            lines.append(f"| {workload} | {chats} | {' | '.join(cells)} | {kept} | {' | '.join(peer)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--tokens", type=int, default=REPLY_TOKENS)
+    parser.add_argument("--no-llama", action="store_true", help="leave llama-server out")
+    args = parser.parse_args(argv)
+    from .bench import machine_info
+
+    kvasir = measure_kvasir(args.rounds, args.tokens)
+    llama = None if args.no_llama else measure_llama(args.tokens, args.rounds)
+    table = markdown_table(kvasir, llama)
+    print(table)
+    differing = [r for r in kvasir if not r["same_as_off"]]
+    for row in differing:
+        print(f"DIFFERENT OUTPUT: {row['workload']}, {row['chats']} chat(s), {row['mode']}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"machine": machine_info(), "kvasir": kvasir, "llama_server": llama,
+                                   "auto_vs_off_min": min(_ratios(kvasir, "auto")),
+                                   "table": table}, indent=2) + "\n")
+    return 1 if differing else 0
+
+
+def _ratios(rows: list[dict], mode: str) -> list[float]:
+    off = {(r["workload"], r["chats"]): r["tokens_per_s"] for r in rows if r["mode"] == "off"}
+    return [r["tokens_per_s"] / off[(r["workload"], r["chats"])] for r in rows if r["mode"] == mode]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
