@@ -9,14 +9,19 @@ as the engine runs:
 - **Acceptance.** Per request, the chance that a draft token is kept given the ones before it were: kept tokens
   over tokens tried (a draft's tokens after its first rejection were never tried), with recent drafts weighing
   most and the engine-wide figure as the prior.
-- **Cost.** What a decode step of ``R`` rows takes (:class:`StepCosts`), from every decode step: a line through
-  the mean time at each row count seen, with a cautious guess at the slope until two row counts are known.
+- **Cost.** What a decode step of ``R`` rows takes (:class:`StepCosts`): a line through the mean time at each row
+  count seen, one for plain steps and one for steps with drafts (which cost a little more than their rows: the
+  rows' sampling and the run's bookkeeping), with a cautious guess at the slope until two row counts are known.
 
-In ``auto`` each step grows the drafts one token at a time, always the one most likely to be kept (the next
-token of a draft whose first ``k`` were kept is kept with probability ``a^(k+1)``), while that token's expected
-worth is more than its row's share of the step: ``a^(k+1) > row_cost * tokens / step_time``. So a single chat on
-a CPU drafts while its drafts are mostly right, and a large batch (whose rows cost as much as they give) stops.
-A request that has not drafted for a while drafts one token now and then, so its acceptance stays measured.
+In ``auto`` each step ranks the draft tokens on offer by their chance of being kept (the next token of a draft
+whose first ``k`` were kept is kept with probability ``a^(k+1)``) and takes the ``e`` best for the ``e`` that
+makes the slowest reply of the step fastest: each reply's expected tokens over the step's measured time at that
+many rows, against one token in a plain step's measured time, and only if that is :data:`MARGIN` better. Every
+reply in a step waits for the whole step, so a draft for one chat slows the others: drafts go ahead only where
+every reply in the step is expected to come faster. So a single chat on a CPU drafts while its drafts are mostly
+right; a batch drafts only when all of its replies have drafts that pay, and less as it grows (its rows cost
+as much as they give). After :data:`PROBE_EVERY` steps per reply without a draft, one step gives every reply
+with a draft on offer one token, so acceptance (and what a step with drafts costs) stays measured.
 ``ngram`` always drafts :data:`FORCED_DRAFT` tokens where lookup finds some; ``off`` never drafts.
 """
 
@@ -32,7 +37,9 @@ PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.5, 2.0  # before anything is measured: a coin
 REQUEST_DECAY = 0.8  # a request's recent drafts weigh most (its text changes: a quoted passage ends)
 ENGINE_DECAY = 0.98
 PRIOR_ROW_SHARE = 0.25  # until two row counts are measured, a row is guessed at a quarter of a one-row step
-PROBE_EVERY = 16  # steps without a draft before a request tries one token again
+PROBE_EVERY = 16  # steps without a draft (times the batch) before the replies try one token each again
+MARGIN = 1.03  # drafts must promise this much more than a plain step: what is measured is noisy
+MEASURED = 3  # steps at a row count before its own mean is trusted over the line
 COST_DECAY = 0.8  # a row count's mean time follows the machine's load
 AGE_DECAY = 0.99  # a row count not seen for a while weighs less (contexts grow, the load changes): half in 70 steps
 
@@ -92,7 +99,14 @@ class StepCosts:
             slope = max(floor, sum(w * (r - mean_rows) * (t - mean_time) for r, t, w in points) / spread)
         return max(0.0, mean_time - slope * mean_rows), slope
 
+    def measured(self, rows: int) -> bool:
+        return self._count.get(rows, 0) >= MEASURED
+
     def predict(self, rows: int) -> float:
+        """The mean time measured at ``rows`` where it has been seen a few times, else the line's. (Steps do not
+        cost in a straight line: on two cores an odd row count takes as long as the next even one.)"""
+        if self.measured(rows):
+            return self._mean[rows]
         fixed, per_row = self.line()
         return fixed + per_row * rows
 
@@ -102,10 +116,11 @@ class Speculator:
 
     def __init__(self, mode: str) -> None:
         self.proposer = NgramProposer()
-        self.costs = StepCosts()
+        self.costs = StepCosts()  # plain decode steps
+        self.draft_costs = StepCosts()  # decode steps with drafts
         self.engine_acceptance = Acceptance(ENGINE_DECAY)
         self._requests: dict[str, Acceptance] = {}
-        self._idle_steps: dict[str, int] = {}
+        self._plain_steps = 0  # decode steps in a row without a draft, in auto
         self.num_drafts_total = self.draft_tokens_total = self.accepted_total = 0
         self._speedup: float | None = None
         self._active = False
@@ -136,38 +151,48 @@ class Speculator:
             lengths = {rid: len(draft) for rid, (_, draft) in proposals.items()}
         for rid, (seq, draft) in proposals.items():
             seq.draft = draft[: lengths.get(rid, 0)]
-            self._idle_steps[rid] = 0 if seq.draft else self._idle_steps.get(rid, 0) + 1
         self._active = any(seq.draft for seq, _ in proposals.values())
 
     def _auto_lengths(self, proposals: dict[str, tuple[Sequence, list[int]]], batch: int) -> dict[str, int]:
-        """Draft lengths that maximise the expected tokens per second of the step (see the module's text)."""
+        """Draft lengths for the step (see the module's text): the ``e`` draft tokens most likely to be kept,
+        for the ``e`` whose step promises most tokens per second while every reply in it (those without a
+        draft too, whose steps the drafts slow) is expected to come :data:`MARGIN` faster than in a plain step."""
         if not self.costs.known:
             self._reason = "auto: measuring what a step costs"
             return {}
-        fixed, per_row = self.costs.line()
-        step, tokens = fixed + per_row * batch, float(batch)
         prior = self.engine_acceptance.rate()
         rates = {rid: self._acceptance(rid).rate(prior) for rid in proposals}
+        # the chance each draft token is kept; a draft's later tokens never rank before its earlier ones
+        chances = sorted(((rates[rid] ** (j + 1), rid) for rid, (_, draft) in proposals.items()
+                          for j in range(len(draft))), reverse=True)
+        plain_step = self.costs.predict(batch)
+        costs = self.draft_costs if self.draft_costs.known else self.costs
+        best, best_gain, tried_unmeasured = 0, MARGIN, False
+        expected = dict.fromkeys(proposals, 1.0)  # tokens each drafting reply expects from the step
+        slowest = 1.0 if len(proposals) < batch else None  # a reply without a draft gets one token
+        for extra, (chance, rid) in enumerate(chances, start=1):
+            expected[rid] += chance
+            if not costs.measured(batch + extra):  # one row count not yet measured at a time: the line guesses
+                if tried_unmeasured:
+                    continue
+                tried_unmeasured = True
+            least = min(min(expected.values()), slowest or float("inf"))
+            gain = least * plain_step / costs.predict(batch + extra)  # the slowest reply against a plain step
+            if gain > best_gain:
+                best, best_gain = extra, gain
         lengths = dict.fromkeys(proposals, 0)
-        while True:
-            candidates = [(rates[rid] ** (lengths[rid] + 1), rid) for rid, (_, draft) in proposals.items()
-                          if lengths[rid] < len(draft)]
-            if not candidates:
-                break
-            gain, rid = max(candidates)
-            if gain * step <= per_row * tokens:
-                break
+        for _, rid in chances[:best]:
             lengths[rid] += 1
-            step, tokens = step + per_row, tokens + gain
-        for rid in proposals:  # a request that has not drafted for a while tries one token, to stay measured
-            if lengths[rid] == 0 and self._idle_steps.get(rid, 0) >= PROBE_EVERY:
-                lengths[rid] = 1
+        if not best and self._plain_steps >= PROBE_EVERY * batch:  # all try one token in one step, so
+            lengths = dict.fromkeys(proposals, 1)                   # acceptance stays measured
+            self._plain_steps = 0
+        else:
+            self._plain_steps = 0 if best else self._plain_steps + 1
         drafting = sum(1 for n in lengths.values() if n)
-        share = per_row * tokens / step
-        self._reason = (f"auto: drafting for {drafting} of {batch} replies (a draft token pays when its chance "
-                        f"of being kept is over {share:.0%}; kept lately: {prior:.0%})" if drafting else
-                        f"auto: not drafting (a draft token would need a {share:.0%} chance of being kept to pay, "
-                        f"and lately {prior:.0%} were)")
+        self._reason = (f"auto: drafting for {drafting} of {batch} replies, {best} tokens (every reply expected "
+                        f"{best_gain:.2f}x as fast; kept lately: {prior:.0%})" if best else
+                        f"auto: not drafting (no draft makes every reply {MARGIN:.2f}x as fast; kept lately: "
+                        f"{prior:.0%})")
         return lengths
 
     def _acceptance(self, request_id: str) -> Acceptance:
@@ -199,12 +224,16 @@ class Speculator:
             plain = (rows - drafted_rows) / self.costs.predict(rows - drafted_rows)
             ratio = (emitted / seconds) / plain
             self._speedup = ratio if self._speedup is None else 0.9 * self._speedup + 0.1 * ratio
-        self.costs.observe(rows, seconds)
+        (self.draft_costs if drafted_rows else self.costs).observe(rows, seconds)
+
+    def forget_text(self) -> None:
+        """Drop the finished sequences lookup drafts from (a benchmark's repeated rounds would otherwise draft
+        each reply from the same reply of the round before)."""
+        self.proposer = NgramProposer()
 
     def finish(self, request_id: str) -> None:
         self.proposer.finish(request_id)
         self._requests.pop(request_id, None)
-        self._idle_steps.pop(request_id, None)
 
     def stats(self) -> SpeculationStats:
         reason = self._reason

@@ -6,7 +6,8 @@ Workloads: (1) rewrite a given 300-line Python file with one function renamed; (
 about 1,500 tokens quoting its key sentences; (3) a free story. Each reply is ``REPLY_TOKENS`` tokens. The
 prompts are computed once before the timed rounds (the prefix cache keeps them), so the figures are decode
 speed: output tokens over the replies' wall time. The modes take turns within each round, on one engine (auto
-keeps what it measured), and every mode's replies are checked to be the same tokens as ``off``'s.
+keeps what it measured, but no mode drafts from an earlier round's replies: lookup forgets them before each
+run), and every mode's replies are checked to be the same tokens as ``off``'s.
 
 ``python -m engine.tools.speculation_bench`` prints the table and writes ``bench/results/speculation.json``.
 """
@@ -74,6 +75,7 @@ def measure_kvasir(rounds: int = ROUNDS, reply_tokens: int = REPLY_TOKENS, progr
             for _ in range(rounds):
                 for mode in MODES:
                     engine.set_speculation(mode)
+                    engine.speculator.forget_text()
                     start = time.perf_counter()
                     outputs = engine.generate(prompts, params)
                     seconds = time.perf_counter() - start

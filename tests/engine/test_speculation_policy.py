@@ -57,13 +57,23 @@ def test_acceptance_counts_the_tokens_tried():
 
 def test_right_drafts_with_cheap_rows_draft_long():
     speculator = Speculator("auto")
-    _learnt(speculator, fixed=0.010, per_row=0.0005)
+    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 12))
     seq = _seq("a")
     for _ in range(10):
         speculator.engine_acceptance.record(8, 8)
         speculator._acceptance("a").record(8, 8)
     speculator.plan([seq], {"a": 100})
     assert len(seq.draft) == MAX_DRAFT and speculator.stats().active
+
+
+def test_row_counts_never_measured_are_tried_one_at_a_time():
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=(1, 2, 3))  # up to two draft tokens measured
+    for _ in range(10):
+        speculator.engine_acceptance.record(8, 8)
+    seq = _seq("a")
+    speculator.plan([seq], {"a": 100})
+    assert len(seq.draft) == 3  # the line promises more, but only one unmeasured count (4 rows) is tried
 
 
 def test_no_draft_where_a_row_costs_what_it_gives():
@@ -77,15 +87,29 @@ def test_no_draft_where_a_row_costs_what_it_gives():
     assert "not drafting" in speculator.stats().reason
 
 
-def test_a_request_that_has_not_drafted_for_a_while_probes_one_token():
+@pytest.mark.parametrize("batch", [1, 3])
+def test_after_a_while_without_drafts_one_step_probes_every_reply(batch):
     speculator = Speculator("auto")
     _learnt(speculator, fixed=0.0, per_row=0.004)
-    seq = _seq("a")
+    seqs = [_seq(str(i)) for i in range(batch)]
     lengths = []
-    for _ in range(PROBE_EVERY + 1):
-        speculator.plan([seq], {"a": 100})
-        lengths.append(len(seq.draft))
-    assert lengths[:PROBE_EVERY] == [0] * PROBE_EVERY and lengths[-1] == 1
+    for _ in range(PROBE_EVERY * batch + 1):
+        speculator.plan(seqs, {s.request_id: 100 for s in seqs})
+        lengths.append([len(s.draft) for s in seqs])
+    assert lengths[:-1] == [[0] * batch] * (PROBE_EVERY * batch) and lengths[-1] == [1] * batch
+
+
+def test_a_batch_drafts_only_when_every_reply_gains():
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 40))
+    for _ in range(10):
+        speculator.engine_acceptance.record(8, 8)
+    seqs = [_seq(str(i)) for i in range(4)]
+    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
+    assert all(len(s.draft) > 0 for s in seqs)  # cheap rows, right drafts: every reply drafts
+    lone = Sequence("lone", list(range(1000, 1050)), 10, SamplingParams(max_tokens=500), 0.0)  # nothing to look up
+    speculator.plan([*seqs, lone], {s.request_id: 100 for s in [*seqs, lone]})
+    assert all(s.draft == [] for s in seqs)  # drafts would slow the reply that has none
 
 
 def test_forced_and_off_modes_and_the_room_left():
