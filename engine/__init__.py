@@ -17,8 +17,8 @@ from importlib import import_module
 _EXPORTS = {
     ".api.config": ("API_SOURCE", "ApiConfig", "ApiConfigError"),
     ".api.service": ("ApiServer", "ServerStartError"),
-    ".config": ("AUTO_QUANTIZATION_RULE", "DTYPES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "SPECULATION_MODES", "WEIGHT_MODES",
-                "EngineConfig"),
+    ".config": ("AUTO_QUANTIZATION_RULE", "DTYPES", "KV_CACHE_DTYPES", "QUANTIZATIONS", "SPECULATION_MODES",
+                "WEIGHT_MODES", "EngineConfig"),
     ".errors": ("DownloadCancelled", "EngineDeadError", "EngineError", "HubError", "LibraryError",
                 "ModelLoadError", "PromptTooLong", "UnsupportedModelError"),
     ".models.fit": ("FitEstimate",),

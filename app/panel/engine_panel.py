@@ -76,8 +76,8 @@ class EnginePanel(QWidget):
         page = QWidget()
         layout = QVBoxLayout(page)
         layout.setContentsMargins(2, 4, 6, 4)
-        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", SPECULATION, GAP, "Prefill", "Requests",
-                                               "Errors", "Preemptions"]))
+        layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", SPECULATION, GAP, "Prefill",
+                                               "Requests", "Errors", "Preemptions"]))
         cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate", "On disk"])
         self.pool = BlockPoolView()
         self.legend = PoolLegend()

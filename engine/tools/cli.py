@@ -8,7 +8,14 @@ import os
 import signal
 import sys
 
-from ..config import AUTO_QUANTIZATION_RULE, KV_CACHE_DTYPES, QUANTIZATIONS, SPECULATION_MODES, WEIGHT_MODES, EngineConfig
+from ..config import (
+    AUTO_QUANTIZATION_RULE,
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    SPECULATION_MODES,
+    WEIGHT_MODES,
+    EngineConfig,
+)
 from ..errors import EngineError
 from ..sampling_params import CHAT_SAMPLING
 from ..step.attention_backend import ATTENTION_BACKENDS

@@ -23,7 +23,7 @@ from pathlib import Path
 MODES = ("off", "ngram", "auto")
 CHATS = (1, 4)
 REPLY_TOKENS = 192
-ROUNDS = 3
+ROUNDS = 5
 RENAMES = (("_forget", "_drop_entry"), ("_remember", "_note_entry"), ("_parse_name", "_split_name"),
            ("_used_at", "_last_use_of"))
 STORIES = ("a lighthouse keeper who finds a map", "two friends crossing a desert", "a city where it never rains",
@@ -104,7 +104,8 @@ def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = ROUNDS, progre
     from .. import Engine, EngineConfig
 
     tokenizer_engine = Engine(EngineConfig(kv_disk_cache=False))  # the chat template, as Kvasir applies it
-    prompts = {name: tokenizer_engine.encode_prompt(p[0]) for name, p in workloads(1, tokenizer_engine.tokenizer).items()}
+    prompts = {name: tokenizer_engine.encode_prompt(chat[0])
+               for name, chat in workloads(1, tokenizer_engine.tokenizer).items()}
     del tokenizer_engine
     rows = []
     for mode, extra in (("off", ()), ("ngram", ("--spec-type", "ngram-simple"))):

@@ -170,7 +170,7 @@ def test_a_caller_handed_its_final_output_sees_stats_that_count_it(async_engine)
     async def main():
         for _ in range(6):
             before = async_engine.stats().generated_tokens_total
-            async for out in async_engine.stream("Count with me", SamplingParams(max_tokens=5, ignore_eos=True)):
+            async for out in async_engine.stream("Count with me", SamplingParams(max_tokens=5, ignore_eos=True)):  # noqa: B007
                 pass
             assert out.finished and async_engine.stats().generated_tokens_total == before + 5
     asyncio.run(main())

@@ -233,4 +233,4 @@ def test_the_mode_changes_between_steps_and_a_wrong_one_is_refused(tiny_llama):
     drafted = engine.generate(PROMPTS[:1], params)
     assert drafted[0].token_ids == plain[0].token_ids and _drafted(drafted)[0] > 0
     stats = engine.stats().speculation
-    assert stats.draft_tokens_total == _drafted(drafted)[0] and stats.accepted_draft_tokens_total == _drafted(drafted)[1]
+    assert (stats.draft_tokens_total, stats.accepted_draft_tokens_total) == _drafted(drafted)

@@ -6,8 +6,15 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from engine.serving.sequence import Sequence
-from engine.serving.speculation import FORCED_DRAFT, MAX_DRAFT, PROBE_EVERY, PRIOR_ROW_SHARE, Acceptance, \
-    Speculator, StepCosts
+from engine.serving.speculation import (
+    FORCED_DRAFT,
+    MAX_DRAFT,
+    PRIOR_ROW_SHARE,
+    PROBE_EVERY,
+    Acceptance,
+    Speculator,
+    StepCosts,
+)
 
 REPEATING = list(range(40)) * 3  # lookup always finds the continuation
 

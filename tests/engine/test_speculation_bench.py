@@ -1,0 +1,24 @@
+"""The speculation benchmark's workloads are the ones the table names, and its table reads its rows right."""
+
+from engine.tools.speculation_bench import CHATS, MODES, markdown_table, rewrite_prompts, story_prompts
+
+
+def test_the_rewrite_workload_is_a_300_line_file_with_one_rename_per_chat():
+    prompts = rewrite_prompts(4)
+    assert len(prompts) == 4 and len({p[0]["content"] for p in prompts}) == 4
+    code = prompts[0][0]["content"].split("```python\n")[1].split("```")[0]
+    assert len(code.splitlines()) == 300
+    assert "renamed to `_drop_entry`" in prompts[0][0]["content"] and "def _forget" in code
+    assert len(story_prompts(1)) == 1
+
+
+def test_the_table_gives_each_mode_against_off_and_the_peer():
+    rows = [{"workload": w, "chats": c, "mode": m, "tokens_per_s": {"off": 40.0, "ngram": 80.0, "auto": 60.0}[m],
+             "drafted": 100 if m != "off" else 0, "kept": 90 if m != "off" else 0, "same_as_off": True}
+            for w in ("rewrite", "summarise", "story") for c in CHATS for m in MODES]
+    peer = [{"workload": "rewrite", "chats": 1, "mode": "off", "tokens_per_s": 50.0},
+            {"workload": "rewrite", "chats": 1, "mode": "ngram", "tokens_per_s": 45.0}]
+    lines = markdown_table(rows, peer).splitlines()
+    assert lines[2] == "| rewrite | 1 | 40.0 | 80.0 (2.00x) | 60.0 (1.50x) | 90/100 | 50.0 | 45.0 (0.90x) |"
+    assert lines[3] == "| rewrite | 4 | 40.0 | 80.0 (2.00x) | 60.0 (1.50x) | 90/100 | – | – |"
+    assert len(lines) == 2 + 3 * len(CHATS)
