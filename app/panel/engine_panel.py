@@ -38,6 +38,7 @@ from .formatting import (
     gpu_memory_text,
     ms_text,
     speculation_text,
+    speculation_tip,
 )
 from .history import EngineHistory
 from .kv_blocks import COLORS, BlockPoolView, PoolLegend, conversation_color
@@ -170,7 +171,7 @@ class EnginePanel(QWidget):
         self._set("Queue (median)", ms_text(s.queue_time_p50_s))
         self._set("Decode", f"{s.decode_tokens_per_s:.1f} tok/s")
         self._set(SPECULATION, speculation_text(s.speculation))
-        self.labels[SPECULATION].setToolTip(s.speculation.reason if s.speculation else "")
+        self.labels[SPECULATION].setToolTip(speculation_tip(s.speculation))
         self._set(GAP, gap_text(s.inter_token_p99_s, s.inter_token_max_s))
         self._set("Prefill", f"{s.prefill_tokens_per_s:.0f} tok/s")
         self._set("Requests", f"{s.num_running} running, {s.num_waiting} waiting")

@@ -53,17 +53,26 @@ def cpu_threads_text(cpu: CpuUsage) -> str:
 
 
 def speculation_text(spec: SpeculationStats | None) -> str:
-    """Speculative decoding in one line: "off", "auto, no draft yet", or "412 of 520 drafted tokens kept (79%),
-    3.1 a draft, 1.9x"."""
+    """Speculative decoding in a short line: "off", "auto, no draft yet", or "412 of 520 kept (79%), 1.9x" (draft
+    tokens kept, and the measured speed-up of steps with drafts)."""
     if spec is None:
         return "–"
     if spec.mode == "off":
         return "off"
     if not spec.draft_tokens_total:
         return f"{spec.mode}, no draft yet"
-    text = (f"{spec.accepted_draft_tokens_total:,} of {spec.draft_tokens_total:,} drafted tokens kept "
-            f"({spec.acceptance_rate:.0%}), {spec.mean_accepted_run:.1f} a draft")
+    text = f"{spec.accepted_draft_tokens_total:,} of {spec.draft_tokens_total:,} kept ({spec.acceptance_rate:.0%})"
     return text + (f", {spec.speedup:.1f}x" if spec.speedup else "")
+
+
+def speculation_tip(spec: SpeculationStats | None) -> str:
+    """What the Drafts row's numbers are, and what the mode is doing and why."""
+    if spec is None:
+        return ""
+    if not spec.num_drafts_total:
+        return spec.reason
+    return (f"Draft tokens kept of those computed, {spec.mean_accepted_run:.1f} kept a draft on average, and "
+            f"steps with drafts against plain ones. {spec.reason[0].upper()}{spec.reason[1:]}.")
 
 
 def errors_text(count: int) -> str:

@@ -362,8 +362,9 @@ def test_the_drafts_row_says_what_speculation_kept_and_why(panel):
     spec = SpeculationStats("auto", True, "auto: drafting for 1 of 1 replies", 40, 160, 124, 1.93)
     panel.update_stats(fake_stats(speculation=spec))
     label = panel.labels["Drafts"]
-    assert label.text() == "124 of 160 drafted tokens kept (78%), 3.1 a draft, 1.9x"
-    assert label.toolTip() == "auto: drafting for 1 of 1 replies"
+    assert label.text() == "124 of 160 kept (78%), 1.9x"
+    assert label.toolTip() == ("Draft tokens kept of those computed, 3.1 kept a draft on average, and steps with "
+                               "drafts against plain ones. Auto: drafting for 1 of 1 replies.")
     panel.update_stats(fake_stats(speculation=SpeculationStats("off", False, "off: chosen", 0, 0, 0, None)))
     assert label.text() == "off"
     panel.update_stats(fake_stats(speculation=SpeculationStats("auto", False, "measuring", 0, 0, 0, None)))
