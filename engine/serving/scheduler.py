@@ -120,6 +120,8 @@ class Scheduler:
             registered += self.block_manager.commit_full_blocks(
                 seq.block_table, seq.block_hashes, tokens, seq.num_computed_tokens
             )
+            if chunk.draft:  # the blocks only a rejected draft's positions took go back: the pool is as without it
+                self.block_manager.shrink(seq.block_table, seq.num_computed_tokens + 1)
         return registered
 
     def finish(self, seq: Sequence) -> None:
@@ -161,12 +163,17 @@ class Scheduler:
         return budget
 
     def _allocate_draft(self, seq: Sequence, length: int, index: int) -> bool:
-        """Blocks for ``seq``'s next token and a draft of ``length``, only while a block stays free for every
-        request after it that decodes too: a draft must never make another reply wait."""
+        """Blocks for ``seq``'s next token and a draft of ``length``, only from blocks no other request can use
+        now: a block stays free for each request after it that decodes, for the rest of every prompt being
+        computed, and for the next waiting prompt. A draft must never make another request wait."""
         manager = self.block_manager
         missing = manager.blocks_for(seq.num_computed_tokens + 1 + length) - len(seq.block_table)
-        later = sum(1 for s in self.running[index + 1 :] if _decoding(s))
-        return (missing == 0 or missing + later <= manager.num_available) and manager.allocate(
+        if missing <= 0:
+            return manager.allocate(seq.block_table, seq.num_computed_tokens + 1 + length)
+        reserve = sum(1 for s in self.running[index + 1 :] if _decoding(s))
+        reserve += sum(_blocks_to_finish(manager, s) for s in self.running if s is not seq and not _decoding(s))
+        reserve += _blocks_to_finish(manager, self.waiting[0]) if self.waiting else 0
+        return missing + reserve <= manager.num_available and manager.allocate(
             seq.block_table, seq.num_computed_tokens + 1 + length)
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> int:
@@ -264,3 +271,8 @@ class Scheduler:
 def _decoding(seq: Sequence) -> bool:
     """Past its prompt: each step gives it one token (a request preempted mid-reply prefills again first)."""
     return seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+
+
+def _blocks_to_finish(manager: BlockManager, seq: Sequence) -> int:
+    """Blocks ``seq`` still needs for the tokens it has (its prompt, or a preempted reply to compute again)."""
+    return max(0, manager.blocks_for(seq.num_tokens) - len(seq.block_table))

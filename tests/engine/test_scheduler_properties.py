@@ -298,3 +298,14 @@ def test_a_request_as_large_as_the_pool_completes_beside_another() -> None:
     assert outcome.num_preempted > 0
     assert outcome.outputs == {i: reference(list(r.prompt), r.max_tokens) for i, r in enumerate(requests)}
     assert outcome.blocks_used_at_end == 0
+
+
+def test_a_draft_never_takes_the_block_a_prompt_needs() -> None:
+    """A pinned case hypothesis found: a reply drafting beside a prompt being computed took the pool's last
+    block, the prompt could not finish, and two steps later the reply had to preempt itself."""
+    requests = (Request(8, (0,) * 16, 1, None), Request(0, (0,) * 5, 1, None), Request(0, (0,) * 5, 1, None),
+                Request(7, (0,) * 9, 8, None), Request(6, (0,) * 9, 7, None), Request(8, (0,) * 5, 9, None))
+    workload = Workload(9, 3, 3, 14, False, requests, draft_length=1, spoil_seed=0)
+    outcome = simulate(workload)
+    assert outcome.drafted > 0
+    assert outcome.outputs == {i: reference(list(r.prompt), r.max_tokens) for i, r in enumerate(requests)}
