@@ -81,7 +81,7 @@ class ModelRunner:
         as without speculation for greedy and seeded requests.
         """
         sampling = [c for c in chunks if c.samples]
-        rows = [SamplingRow(c.seq.params, c.seq.token_ids + list(c.draft[:j]), c.seq.num_output_tokens + j)
+        rows = [SamplingRow(c.seq.params, _history(c, j), c.seq.num_output_tokens + j)
                 for c in sampling for j in range(len(c.draft) + 1)]
         picked = self.sampler(logits, rows) if rows else []
         tokens, first = [], 0
@@ -132,6 +132,14 @@ class ModelRunner:
             if chunk.samples:
                 sample_index.append(len(ids) - 1)
         return torch.tensor(ids), slices, torch.tensor(sample_index, dtype=torch.long)
+
+
+def _history(chunk: Chunk, drafted: int) -> list[int]:
+    """The tokens before a chunk's row: the sequence's, then the first ``drafted`` draft tokens. Only the repetition
+    penalty reads them, so without one the sequence's own list serves every row, uncopied."""
+    if not drafted or chunk.seq.params.repetition_penalty == 1.0:
+        return chunk.seq.token_ids
+    return chunk.seq.token_ids + list(chunk.draft[:drafted])
 
 
 def accepted_length(draft: tuple[int, ...], targets: list[int]) -> int:

@@ -15,7 +15,7 @@ class SamplingRow:
     """What the sampler needs to know about one row of logits."""
 
     params: SamplingParams
-    token_ids: list[int]  # prompt and output so far (for the repetition penalty)
+    token_ids: list[int]  # prompt and output so far, read only for the repetition penalty
     output_index: int  # how many tokens this request has produced (makes seeded draws reproducible)
 
 
