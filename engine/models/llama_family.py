@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
+from ..serving.kv_cache import config_head_dim
 from ..step.lean_decoder import computes_exactly
 
 
@@ -28,10 +29,6 @@ def _biases(config) -> tuple[bool, bool, bool]:
     attention = bool(getattr(config, "attention_bias", False))
     mlp = bool(getattr(config, "mlp_bias", False)) if config.model_type == "llama" else False
     return attention, attention, mlp
-
-
-def head_dim_of(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 class RMSNorm(nn.Module):
@@ -76,7 +73,7 @@ class RotaryEmbedding(nn.Module):
 
 def _default_frequencies(config, *_, **__) -> tuple[torch.Tensor, float]:
     base = config.rope_parameters["rope_theta"]
-    dim = head_dim_of(config)
+    dim = config_head_dim(config)
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
 
 
@@ -88,7 +85,7 @@ class Attention(nn.Module):
     def __init__(self, config, dtype: torch.dtype) -> None:
         super().__init__()
         qkv_bias, output_bias, _ = _biases(config)
-        self.head_dim = head_dim_of(config)
+        self.head_dim = config_head_dim(config)
         self.scaling = self.head_dim**-0.5
         hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
         self.q_proj = _linear(hidden, heads * self.head_dim, qkv_bias, dtype)

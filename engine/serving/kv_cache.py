@@ -37,10 +37,13 @@ class KVShape:
 
     @classmethod
     def from_config(cls, config, dtype: torch.dtype, stored_as: KVFormat | None = None) -> KVShape:
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim, dtype, stored_as)
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        return cls(config.num_hidden_layers, kv_heads, config_head_dim(config), dtype, stored_as)
+
+
+def config_head_dim(config) -> int:
+    """A transformers config's attention head size: ``head_dim`` where it says one, else hidden / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 class KVCache:

@@ -167,14 +167,18 @@ class Scheduler:
         now: a block stays free for each request after it that decodes, for the rest of every prompt being
         computed, and for the next waiting prompt. A draft must never make another request wait."""
         manager = self.block_manager
-        missing = manager.blocks_for(seq.num_computed_tokens + 1 + length) - len(seq.block_table)
-        if missing <= 0:
-            return manager.allocate(seq.block_table, seq.num_computed_tokens + 1 + length)
+        needed = seq.num_computed_tokens + 1 + length
+        missing = manager.blocks_for(needed) - len(seq.block_table)
+        if missing > 0 and missing + self._reserved_for_others(seq, index) > manager.num_available:
+            return False
+        return manager.allocate(seq.block_table, needed)
+
+    def _reserved_for_others(self, seq: Sequence, index: int) -> int:
+        """Blocks the requests beside ``seq`` (at ``index`` in the running list) may take in this step."""
+        manager = self.block_manager
         reserve = sum(1 for s in self.running[index + 1 :] if _decoding(s))
         reserve += sum(_blocks_to_finish(manager, s) for s in self.running if s is not seq and not _decoding(s))
-        reserve += _blocks_to_finish(manager, self.waiting[0]) if self.waiting else 0
-        return missing + reserve <= manager.num_available and manager.allocate(
-            seq.block_table, seq.num_computed_tokens + 1 + length)
+        return reserve + (_blocks_to_finish(manager, self.waiting[0]) if self.waiting else 0)
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> int:
         """The next prompt chunk of each running request still prefilling, as far as budget and allowance go."""
