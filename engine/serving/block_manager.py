@@ -188,11 +188,6 @@ class BlockManager:
             block_table.append(self._take_fresh())
         return True
 
-    def shrink(self, block_table: list[int], num_tokens: int) -> None:
-        """Drop the blocks of ``block_table`` past the ones ``num_tokens`` tokens fill (a rejected draft's)."""
-        while len(block_table) > self.blocks_for(num_tokens):
-            self._drop_ref(block_table.pop())
-
     def free(self, block_table: list[int]) -> None:
         """Drop a sequence's references. Its last blocks go first, so its prefix is evicted last."""
         for block_id in reversed(block_table):

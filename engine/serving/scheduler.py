@@ -101,7 +101,7 @@ class Scheduler:
         """Pick this step's chunks."""
         out = SchedulerOutput()
         budget = self._schedule_decodes(out, self.max_num_batched_tokens)
-        if out.preempted:
+        if out.preempted and out.chunks:  # blocks are short: this step decodes only (nothing at all would stall)
             return out
         decoding = len(out.chunks)
         allowance = self.pacer.allowance(decoding) if self.pacer else Allowance(0, 0, 0, unlimited=True)
@@ -120,8 +120,6 @@ class Scheduler:
             registered += self.block_manager.commit_full_blocks(
                 seq.block_table, seq.block_hashes, tokens, seq.num_computed_tokens
             )
-            if chunk.draft:  # the blocks only a rejected draft's positions took go back: the pool is as without it
-                self.block_manager.shrink(seq.block_table, seq.num_computed_tokens + 1)
         return registered
 
     def finish(self, seq: Sequence) -> None:
@@ -138,47 +136,28 @@ class Scheduler:
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
         """One token for every running request past its prompt, oldest first, preempting if blocks run out;
-        with its draft where it has one and the blocks and budget allow (a draft never preempts)."""
+        with as much of its draft as its blocks and the budget hold."""
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             if not _decoding(seq):
                 index += 1
                 continue
-            draft, seq.draft = tuple(seq.draft[: budget - 1]), []
-            if draft and self._allocate_draft(seq, len(draft), index):
-                out.chunks.append(Chunk(seq, seq.num_computed_tokens, 1 + len(draft), draft))
-                budget -= 1 + len(draft)
-                index += 1
-                continue
+            draft, seq.draft = seq.draft, []
             allocated = self._allocate_or_preempt(seq, 1, out)
             if allocated is None:
                 index += 1  # its allocation failed: the engine ends it, the others carry on
                 continue
             if not allocated:
                 break  # ``seq`` itself was the newest and has been preempted
-            out.chunks.append(Chunk(seq, seq.num_computed_tokens, 1))
-            budget -= 1
+            # a draft only fills the slots the reply's own blocks have left: it never takes a block another
+            # request could use, so the pool goes exactly as without it
+            room = len(seq.block_table) * self.block_manager.block_size - seq.num_computed_tokens - 1
+            draft = tuple(draft[: min(room, budget - 1)])
+            out.chunks.append(Chunk(seq, seq.num_computed_tokens, 1 + len(draft), draft))
+            budget -= 1 + len(draft)
             index += 1
         return budget
-
-    def _allocate_draft(self, seq: Sequence, length: int, index: int) -> bool:
-        """Blocks for ``seq``'s next token and a draft of ``length``, only from blocks no other request can use
-        now: a block stays free for each request after it that decodes, for the rest of every prompt being
-        computed, and for the next waiting prompt. A draft must never make another request wait."""
-        manager = self.block_manager
-        needed = seq.num_computed_tokens + 1 + length
-        missing = manager.blocks_for(needed) - len(seq.block_table)
-        if missing > 0 and missing + self._reserved_for_others(seq, index) > manager.num_available:
-            return False
-        return manager.allocate(seq.block_table, needed)
-
-    def _reserved_for_others(self, seq: Sequence, index: int) -> int:
-        """Blocks the requests beside ``seq`` (at ``index`` in the running list) may take in this step."""
-        manager = self.block_manager
-        reserve = sum(1 for s in self.running[index + 1 :] if _decoding(s))
-        reserve += sum(_blocks_to_finish(manager, s) for s in self.running if s is not seq and not _decoding(s))
-        return reserve + (_blocks_to_finish(manager, self.waiting[0]) if self.waiting else 0)
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> int:
         """The next prompt chunk of each running request still prefilling, as far as budget and allowance go."""
@@ -276,7 +255,3 @@ def _decoding(seq: Sequence) -> bool:
     """Past its prompt: each step gives it one token (a request preempted mid-reply prefills again first)."""
     return seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
 
-
-def _blocks_to_finish(manager: BlockManager, seq: Sequence) -> int:
-    """Blocks ``seq`` still needs for the tokens it has (its prompt, or a preempted reply to compute again)."""
-    return max(0, manager.blocks_for(seq.num_tokens) - len(seq.block_table))

@@ -38,8 +38,9 @@ def graphs(monkeypatch):
 
 
 def _engine(folder, **settings) -> Engine:
+    """Speculation off: steps with drafts run eagerly, and these tests count the decode steps graphs replay."""
     return Engine(EngineConfig(model=str(folder), quantization="none", dtype="float32", num_kv_blocks=64,
-                               **settings))
+                               speculation="off", **settings))
 
 
 def _params(tokens: list[int]) -> list[SamplingParams]:
