@@ -17,7 +17,7 @@ AUTO_QUANTIZATION_RULE = ("auto: on CUDA the compute dtype where the model fits,
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # how the KV cache stores keys and values (engine/serving/kv_format.py)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "q8_0", "fp8")
-SPECULATION_MODES = ("auto", "off", "ngram")  # engine/serving/speculation.py
+SPECULATION_MODES = ("auto", "off", "ngram", "draft")  # engine/serving/speculation.py
 
 
 @dataclass(slots=True)
@@ -38,9 +38,14 @@ class EngineConfig:
     # how keys and values are stored (engine/serving/kv_format.py); auto: the smallest format measured to keep
     # quality and speed on this model (engine/models/kv_verdicts.py), else the compute dtype
     kv_cache_dtype: str = "auto"
-    # speculative decoding (engine/serving/speculation.py): auto drafts where measurement says it pays; ngram
-    # drafts from earlier text whenever lookup finds some; off never drafts
+    # speculative decoding (engine/serving/speculation.py): auto drafts where measurement says it pays (with the
+    # draft model where one is loaded, else from earlier text); ngram drafts from earlier text whenever lookup
+    # finds some; draft always drafts with the draft model; off never drafts
     speculation: str = "auto"
+    # a model loaded beside this one to write drafts (engine/serving/draft_model.py), in the same pool: any model
+    # whose tokenizer is this one's, such as this model itself more quantised
+    draft_model: str | None = None
+    draft_quantization: str = "auto"
     # the prefix cache's disk tier (engine/serving/kv_disk.py): full KV blocks kept in the user cache folder, so a
     # chat continued after a restart is not computed again; at most this many bytes (least recently used go first)
     kv_disk_cache: bool = True
@@ -73,10 +78,15 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
-        if self.speculation == "draft":
-            raise ValueError("speculation='draft' (a draft model) is not available yet; use 'auto', 'ngram' or 'off'")
         if self.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {SPECULATION_MODES}, not {self.speculation!r}")
+        if self.draft_model is not None and (not isinstance(self.draft_model, str) or not self.draft_model.strip()):
+            raise ValueError(f"draft_model must be a model's name or path, or None, not {self.draft_model!r}")
+        if self.speculation == "draft" and self.draft_model is None:
+            raise ValueError("speculation='draft' needs a draft model: set draft_model (for example the same model "
+                             "as int4)")
+        if self.draft_quantization not in QUANTIZATIONS:
+            raise ValueError(f"draft_quantization must be one of {QUANTIZATIONS}, not {self.draft_quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
         if not isinstance(self.kv_disk_cache, bool):

@@ -50,6 +50,8 @@ class FitEstimate:
     host_load_bytes: int = 0  # system memory a load onto a GPU passes through at its peak (see host_load_bytes)
     host_available_bytes: int = 0
     kv_dtype: str = ""  # the KV cache's stored format (engine/serving/kv_format.py)
+    draft_model: str = ""  # a draft model loaded beside it (its weights and KV are in the figures above)
+    draft_weight_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -72,6 +74,8 @@ class FitEstimate:
             f"{self.available_bytes / gib:.2f} GiB free -> {self.kv_tokens:,} tokens of context "
             f"({self.max_concurrent_full_context} chats at the full {self.context_length:,})"
         )
+        if self.draft_model:
+            text += f", a draft model {self.draft_model} included ({self.draft_weight_bytes / gib:.2f} GiB of weights)"
         if not self.host_fits:
             text += (f"; loading needs {self.host_load_bytes / gib:.2f} GiB of system memory on the way, "
                      f"{self.host_available_bytes / gib:.2f} GiB free")
@@ -176,21 +180,45 @@ def host_load_bytes(source: ModelSource, info: ModelInfo, quantization: str, dty
 
 
 def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
-    """The memory ``config`` needs and what fits beside it, from file headers only.
+    """The memory ``config`` needs and what fits beside it, from file headers only; a draft model's weights and
+    KV included.
 
     ``reclaimable_bytes``: memory held now that would be freed first (the model being switched away from).
     """
-    source = resolve_source(config.model)
-    info = read_model_info(source)
     device, _ = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    quantization = resolve_quantization(config.quantization, device, source, dtype)
+    info, plan, kv = _model_plan(config.model, config.quantization, config.kv_cache_dtype, device, dtype)
+    draft = None
+    if config.draft_model:
+        draft_info, draft_plan, _ = _model_plan(config.draft_model, config.draft_quantization, "auto", device, dtype)
+        same_heads = draft_info.head_dim == info.head_dim
+        draft_kv = kv if same_heads else choose_kv_format("auto", dtype, draft_info.head_dim, device, None)[0]
+        draft = DraftPlan(f"{draft_info.name} ({draft_plan.quantization})", draft_plan.weight_bytes,
+                          kv_bytes_per_token(draft_info, dtype, draft_kv), draft_plan.host_load_bytes)
+    return estimate_weights(info, config, plan, device, dtype, reclaimable_bytes, kv, draft)
+
+
+def _model_plan(model: str, quantization: str, kv_cache_dtype: str, device: torch.device, dtype: torch.dtype
+                ) -> tuple[ModelInfo, WeightPlan, KVFormat]:
+    """A model's description from its headers, how its weights will be held, and its KV cache's format."""
+    source = resolve_source(model)
+    info = read_model_info(source)
+    quantization = resolve_quantization(quantization, device, source, dtype)
     head = output_head(source) if quantization in PACKED_MODES else None
     weights = weight_bytes(info, quantization, dtype, head, device, q4_k_linear_weights(source))
     host = host_load_bytes(source, info, quantization, dtype, device)
-    kv, _ = kv_verdicts.kv_format_for(config.kv_cache_dtype, source, quantization, info.head_dim, device, dtype)
-    return estimate_weights(info, config, WeightPlan(quantization, weights, host), device, dtype, reclaimable_bytes,
-                            kv)
+    kv, _ = kv_verdicts.kv_format_for(kv_cache_dtype, source, quantization, info.head_dim, device, dtype)
+    return info, WeightPlan(quantization, weights, host), kv
+
+
+@dataclass(frozen=True, slots=True)
+class DraftPlan:
+    """A draft model's share: its weights, and its KV beside every token of the pool (engine/serving/draft_model.py)."""
+
+    name: str
+    weight_bytes: int
+    kv_bytes_per_token: int
+    host_load_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,14 +231,19 @@ class WeightPlan:
 
 
 def estimate_weights(info: ModelInfo, config: EngineConfig, plan: WeightPlan, device: torch.device,
-                     dtype: torch.dtype, reclaimable_bytes: int = 0, kv: KVFormat | None = None) -> FitEstimate:
+                     dtype: torch.dtype, reclaimable_bytes: int = 0, kv: KVFormat | None = None,
+                     draft: DraftPlan | None = None) -> FitEstimate:
     """The fit of a model described by ``info`` whose weights take ``plan``: the KV cache the engine would
     allocate beside them on ``device`` (also for a model not downloaded yet, described from remote headers).
     ``kv``: the cache's format (None: as ``config`` names it, ``auto`` counted as the compute dtype, since
-    nothing has been measured of a model that is not here)."""
+    nothing has been measured of a model that is not here). ``draft``: a draft model loaded beside it."""
     if kv is None:
         kv, _ = choose_kv_format(config.kv_cache_dtype, dtype, info.head_dim, device, None)
     per_token = kv_bytes_per_token(info, dtype, kv)
+    if draft is not None:
+        plan = WeightPlan(plan.quantization, plan.weight_bytes + draft.weight_bytes,
+                          max(plan.host_load_bytes, draft.host_load_bytes))
+        per_token += draft.kv_bytes_per_token
     available = available_memory(device) + reclaimable_bytes
     context = min(config.max_model_len or info.context_length, info.context_length)
     block_size = attention_plan.plan_attention(config, device, info.head_dim, dtype, kv).block_size
@@ -232,4 +265,6 @@ def estimate_weights(info: ModelInfo, config: EngineConfig, plan: WeightPlan, de
         host_load_bytes=plan.host_load_bytes,
         host_available_bytes=available_memory(torch.device("cpu")),
         kv_dtype=kv.name,
+        draft_model=draft.name if draft else "",
+        draft_weight_bytes=draft.weight_bytes if draft else 0,
     )

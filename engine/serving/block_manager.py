@@ -33,6 +33,7 @@ class Block:
     hash: bytes | None = None
     parent_hash: bytes | None = None
     token_ids: tuple[int, ...] = ()
+    draft_ok: bool = False  # the draft model's KV of every position is in place too (.draft_model)
 
     def holds(self, parent_hash: bytes, token_ids: tuple[int, ...]) -> bool:
         """True when this block's stored tokens are exactly ``token_ids`` after ``parent_hash``."""
@@ -42,6 +43,7 @@ class Block:
         self.hash = None
         self.parent_hash = None
         self.token_ids = ()
+        self.draft_ok = False
 
 
 @dataclass(slots=True)

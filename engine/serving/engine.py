@@ -29,6 +29,7 @@ from ..step.runner import ModelRunner
 from . import priority
 from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
+from .draft_model import DraftModel
 from .gpu_usage import GpuMonitor
 from .kv_cache import KVCache, KVShape, kv_cache_blocks, release_pages
 from .kv_disk import DiskTier
@@ -71,6 +72,7 @@ class Engine:
         block_size = self.block_size
         self.loaded: LoadedModel = load_model(config, self.device, attention.ATTENTION_NAME, progress)
         self.tokenizer = self.loaded.tokenizer
+        draft = DraftModel.load(config, self.device, self.tokenizer) if config.draft_model else None
         self.max_model_len = self.loaded.max_model_len
         self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype, self.kv_format)
@@ -79,16 +81,28 @@ class Engine:
                                                           self.attention_backend)
         # graphs pad their batches with rows that write to a block no sequence owns: one more than the budget
         reserved = 0 if self.graphs_problem else 1
-        self.kv_cache = KVCache(shape, self._num_kv_blocks(shape), block_size, self.device, reserved)
+        draft_shape = self._draft_kv_shape(draft)
+        num_blocks = self._num_kv_blocks(shape, draft_shape.bytes_per_token() if draft else 0)
+        self.kv_cache = KVCache(shape, num_blocks, block_size, self.device, reserved)
+        self.draft = None if draft is None else DraftModel(draft, self.kv_cache, draft_shape, self.attention_backend,
+                                                           self.loaded.model.config.vocab_size)
         target = config.step_latency_target_s or (GPU_TARGET_S if self.device.type == "cuda" else CPU_TARGET_S)
         self.pacer = StepPacer(target)  # what steps cost on this model and device, learnt as they run
         self._set_cpu_options(config.threads, config.lower_priority)
         self.disk = self._open_disk_tier()
-        self.speculator = Speculator(config.speculation)
+        self.speculator = Speculator(config.speculation, self.draft.name if self.draft else None)
         self._new_scheduler()
         limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
         return_freed_memory()  # what reading the files left on the heap
+
+    def _draft_kv_shape(self, draft: LoadedModel | None) -> KVShape | None:
+        """The draft model's KV: stored as the serving model's where the head sizes agree, else in its dtype."""
+        if draft is None:
+            return None
+        shape = KVShape.from_config(draft.model.config, draft.dtype)
+        same_heads = shape.head_dim == KVShape.from_config(self.loaded.model.config, self.loaded.dtype).head_dim
+        return dataclasses.replace(shape, stored_as=self.kv_format) if same_heads else shape
 
     def _new_scheduler(self) -> None:
         self.block_manager = BlockManager(self.kv_cache.num_blocks, self.block_size, self.config.enable_prefix_caching)
@@ -152,7 +166,8 @@ class Engine:
         self._adapt_threads()
         self._plan_drafts()
         scheduled = self._schedule()
-        outputs = self._compute(scheduled) if scheduled.chunks else []
+        draft_seconds = self._write_drafts(scheduled)
+        outputs = self._compute(scheduled, draft_seconds) if scheduled.chunks else []
         reported, self._pending = self._pending, []
         if not self.scheduler.has_unfinished():
             self._release_free_pages()
@@ -166,12 +181,33 @@ class Engine:
                 - 1 for seq in decoding}
         self.speculator.plan(decoding, room)
 
+    def _write_drafts(self, scheduled: SchedulerOutput) -> float:
+        """The draft model's drafts for the step's chunks that have room for one (:mod:`.draft_model`); the
+        seconds its passes took. Should it fail, the step goes on without drafts."""
+        if self.draft is None or not self.speculator.uses_draft_model:
+            return 0.0
+        chunks = [c for c in scheduled.chunks if c.draft]
+        if not chunks:
+            return 0.0
+        start = time.perf_counter()
+        try:
+            self.draft.fill(chunks, self.block_manager, self.config.max_num_batched_tokens - scheduled.num_tokens,
+                            self.speculator.min_confidence)
+        except Exception:
+            log.exception("the draft model failed; this step goes on without drafts")
+            for chunk in chunks:
+                chunk.draft, chunk.num_tokens, chunk.seq.draft_computed = (), 1, 0
+        return time.perf_counter() - start
+
     def _release_free_pages(self) -> None:
         """Idle on the CPU: the pages of blocks freed since, and the heap the steps' activations left, are given
         back to the system (cached blocks keep theirs), so a burst of long chats does not hold its memory for
         ever."""
         if self.device.type == "cpu":
-            release_pages(self.kv_cache, self.block_manager.take_releasable())
+            releasable = self.block_manager.take_releasable()
+            release_pages(self.kv_cache, releasable)
+            if self.draft is not None:
+                release_pages(self.draft.kv_cache, releasable)
             return_freed_memory()
 
     def fail_all(self, error: str) -> list[RequestOutput]:
@@ -240,11 +276,17 @@ class Engine:
             if getattr(self, "scheduler", None) is not None:
                 self.scheduler.disk = None
 
+    def _kv_memory_bytes(self) -> int:
+        """The pool's tensors: the serving model's, and a draft model's beside them."""
+        return self.kv_cache.memory_bytes + (self.draft.kv_cache.memory_bytes if self.draft else 0)
+
     def _kv_touched_bytes(self) -> int:
         """The pool's memory in use by the system: every block on a GPU, the blocks ever written on the CPU."""
         if self.device.type != "cpu":
-            return self.kv_cache.memory_bytes
-        return self.block_manager.num_touched * self.block_size * self.kv_cache.shape.bytes_per_token()
+            return self._kv_memory_bytes()
+        per_token = self.kv_cache.shape.bytes_per_token() + (
+            self.draft.kv_cache.shape.bytes_per_token() if self.draft else 0)
+        return self.block_manager.num_touched * self.block_size * per_token
 
     def _disk_stats(self) -> DiskCacheStats | None:
         tier = self.disk
@@ -277,7 +319,8 @@ class Engine:
         return estimate(config)
 
     def _held_bytes(self) -> int:
-        return self.loaded.memory_bytes + self.kv_cache.memory_bytes + self._graph_memory_bytes()
+        draft = self.draft.memory_bytes if self.draft else 0
+        return self.loaded.memory_bytes + self.kv_cache.memory_bytes + draft + self._graph_memory_bytes()
 
     def _graph_memory_bytes(self) -> int:
         graphs = self.runner.graphs if self.runner is not None else None
@@ -294,8 +337,11 @@ class Engine:
         go first, since they point into both."""
         if getattr(self, "runner", None) is not None:
             self.runner.close()
+        if getattr(self, "draft", None) is not None:
+            self.draft.close()
         self.close()
-        for name in ("runner", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer", "prompts", "disk"):
+        for name in ("runner", "draft", "scheduler", "block_manager", "kv_cache", "loaded", "tokenizer", "prompts",
+                     "disk"):
             setattr(self, name, None)
         gc.collect()
         return_freed_memory()
@@ -354,17 +400,17 @@ class Engine:
             attention_backend=self.runner.backend,
             attention_reason=self.runner.fallback_reason or self.attention_reason,
             model_name=self.loaded.source.name,
-            model_memory_bytes=self.loaded.memory_bytes,
+            model_memory_bytes=self.loaded.memory_bytes + (self.draft.loaded.memory_bytes if self.draft else 0),
             peak_load_bytes=self.loaded.peak_load_bytes,
             warnings=tuple(self.loaded.warnings),
             requests=tuple(self._snapshot(seq) for seq in self._sequences.values()),
-            kv_cache_memory_bytes=self.kv_cache.memory_bytes,
+            kv_cache_memory_bytes=self._kv_memory_bytes(),
             kv_cache_dtype=self.kv_format.name,
             kv_cache_dtype_reason=self.kv_format_reason,
             disk_cache=self._disk_stats(),
             process_resident_bytes=resident_bytes(),
             kv_touched_bytes=self._kv_touched_bytes(),
-            speculation=self.speculator.stats(),
+            speculation=self.speculator.stats(self.draft.memory_bytes if self.draft else 0),
             max_model_len=self.max_model_len,
             num_errors_total=self.counters.errors_total,
             queue_time_p50_s=self.counters.queue_time_p50(),
@@ -441,9 +487,10 @@ class Engine:
             self.config.kv_cache_dtype, source, quantization, head_dim, self.device, dtype)
         return attention_plan.plan_attention(self.config, self.device, head_dim, dtype, self.kv_format)
 
-    def _num_kv_blocks(self, shape: KVShape) -> int:
+    def _num_kv_blocks(self, shape: KVShape, draft_bytes_per_token: int = 0) -> int:
         """The cache's size by the one rule (:func:`kv_cache_blocks`); on a GPU from the memory left once a
-        measured largest step has its room (see :mod:`.warmup`)."""
+        measured largest step has its room (see :mod:`.warmup`). A draft model's KV takes its share of every
+        block too (``draft_bytes_per_token``)."""
         free = available_memory(self.device)
         sized_by_hand = self.config.num_kv_blocks is not None or self.config.kv_cache_memory is not None
         if self.device.type == "cuda" and not sized_by_hand:
@@ -451,7 +498,8 @@ class Engine:
             self.step_peak_bytes = step_peak_bytes(self.loaded.model, shape, self.block_size, self.device,
                                                    self.attention_backend, tokens)
             free = max(0, available_memory(self.device) - self.step_peak_bytes)
-        return kv_cache_blocks(self.config, self.device, shape.bytes_per_token(), self.max_model_len, free,
+        return kv_cache_blocks(self.config, self.device, shape.bytes_per_token() + draft_bytes_per_token,
+                               self.max_model_len, free,
                                self.block_size)
 
     def _why_it_cannot_fit(self, seq: Sequence) -> str | None:
@@ -482,8 +530,9 @@ class Engine:
             self._finish(seq, "error", f"the engine could not allocate its KV cache: {describe_failure(exc)}")
         return scheduled
 
-    def _compute(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
-        """Run the forward pass for ``scheduled`` and turn its samples into outputs."""
+    def _compute(self, scheduled: SchedulerOutput, draft_seconds: float = 0.0) -> list[RequestOutput]:
+        """Run the forward pass for ``scheduled`` and turn its samples into outputs. ``draft_seconds``: what
+        writing the step's drafts took, part of the step's cost."""
         start = time.perf_counter()
         for chunk in scheduled.chunks:
             if chunk.seq.first_scheduled_time is None:
@@ -496,10 +545,12 @@ class Engine:
             self._finish(chunk.seq, "error", f"the engine failed on this request: {describe_failure(exc)}")
         done = SchedulerOutput([c for c in scheduled.chunks if not c.seq.finished])
         registered = self.scheduler.commit(done)
+        if self.draft is not None:
+            self.draft.after_step(done.chunks, self.block_manager)
         if self.disk is not None:
             self.disk.save(registered)
         prompt = [(c.start, c.num_tokens) for c in done.chunks if not c.is_decode]
-        self.speculator.record(done.chunks, end - start, decode_only=not prompt and not failed)
+        self.speculator.record(done.chunks, end - start + draft_seconds, decode_only=not prompt and not failed)
         outputs = self._append_tokens(done, sampled, end)
         self.counters.record_step(start, end, sum(n for _, n in prompt), sum(len(tokens) for tokens in sampled))
         if not failed:

@@ -124,13 +124,15 @@ class DiskCacheStats:
 class SpeculationStats:
     """Speculative decoding since the model loaded (engine/serving/speculation.py)."""
 
-    mode: str  # as configured: "auto", "off" or "ngram"
+    mode: str  # as configured: "auto", "off", "ngram" or "draft"
     active: bool  # drafts in the latest decode step
     reason: str  # what the mode is doing and why, in words
     num_drafts_total: int  # drafts computed
     draft_tokens_total: int
     accepted_draft_tokens_total: int
     speedup: float | None  # measured tokens/s of drafting decode steps over plain ones at the same batch
+    draft_model: str = ""  # the draft model loaded beside the serving one ("name (quantisation)"), if any
+    draft_memory_bytes: int = 0  # its weights and KV tensors (within the engine's weights and KV figures)
 
     @property
     def acceptance_rate(self) -> float | None:

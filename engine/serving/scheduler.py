@@ -201,7 +201,7 @@ class Scheduler:
         seq.draft = []
         self.block_manager.free(seq.block_table)
         seq.block_hashes = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.draft_computed = 0
         seq.num_preemptions += 1
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -247,7 +247,7 @@ class Scheduler:
     def _release_prefix(self, seq: Sequence) -> None:
         self.block_manager.free(seq.block_table)
         seq.block_hashes = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.draft_computed = 0
         seq.disk_pending = False
 
 

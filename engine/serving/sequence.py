@@ -39,6 +39,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # tokens proposed for the next step (speculative decoding)
     draft_tokens: int = 0  # proposed and computed, over the whole reply
     accepted_draft_tokens: int = 0  # ... of which the model kept
+    draft_computed: int = 0  # leading positions whose KV the draft model has in place (.draft_model)
 
     @property
     def num_tokens(self) -> int:

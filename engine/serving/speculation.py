@@ -24,6 +24,12 @@ right; a batch drafts only when all of its replies have drafts that pay, and les
 as much as they give). After :data:`PROBE_EVERY` steps per reply without a draft, one step gives every reply
 with a draft on offer one token, so acceptance (and what a step with drafts costs) stays measured.
 ``ngram`` always drafts :data:`FORCED_DRAFT` tokens where lookup finds some; ``off`` never drafts.
+
+**Where drafts come from.** With a draft model loaded (:mod:`.draft_model`), ``auto`` and ``draft`` take its
+drafts: it always has one on offer, so the plan is a length per reply, and the draft model writes that many
+tokens (:data:`TO_DRAFT` until then) once the step's blocks are known; its passes are part of what a step with
+drafts is measured to cost. Otherwise drafts come from n-gram lookup (:mod:`.ngram`), free but only where the
+text repeats.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ from .ngram import NgramProposer
 from .sequence import Sequence
 
 MAX_DRAFT = 8  # tokens per draft in auto
+# auto: a draft model's draft ends before a token it gives less than this (rarely kept, and a pass and a row each)
+MIN_CONFIDENCE = 0.3
+TO_DRAFT = -1  # a draft token the draft model writes once the step is scheduled (a plan only knows the length)
 FORCED_DRAFT = 5  # tokens per draft when speculation is forced on
 PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.5, 2.0  # before anything is measured: a coin, worth two tries
 REQUEST_DECAY = 0.8  # a request's recent drafts weigh most (its text changes: a quoted passage ends)
@@ -118,10 +127,12 @@ class StepCosts:
 class Speculator:
     """Sets each decoding request's draft before a step, and learns from what the step kept."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, draft_model: str | None = None) -> None:
         self.proposer = NgramProposer()
+        self.draft_model = draft_model  # the draft model's name, where one is loaded
         self.costs = StepCosts()  # plain decode steps
-        self.draft_costs = StepCosts()  # decode steps with drafts
+        self.lookup_costs = StepCosts()  # decode steps with n-gram drafts
+        self.model_costs = StepCosts()  # decode steps with the draft model's drafts, its passes included
         self.engine_acceptance = Acceptance(ENGINE_DECAY)
         self._requests: dict[str, Acceptance] = {}
         self._plain_steps = 0  # decode steps in a row without a draft, in auto
@@ -146,7 +157,8 @@ class Speculator:
         proposals = {}
         for seq in decoding:
             limit = min(room.get(seq.request_id, 0), MAX_DRAFT if self.mode == "auto" else FORCED_DRAFT)
-            draft = self.proposer.propose(seq.request_id, seq.token_ids, limit)
+            draft = [TO_DRAFT] * limit if self.uses_draft_model else self.proposer.propose(seq.request_id,
+                                                                                          seq.token_ids, limit)
             if draft:
                 proposals[seq.request_id] = (seq, draft)
         if self.mode == "auto":
@@ -156,6 +168,21 @@ class Speculator:
         for rid, (seq, draft) in proposals.items():
             seq.draft = draft[: lengths.get(rid, 0)]
         self._active = any(seq.draft for seq, _ in proposals.values())
+
+    @property
+    def draft_costs(self) -> StepCosts:
+        """What steps with the next drafts cost: with the draft model's passes, or with lookup's free drafts."""
+        return self.model_costs if self.uses_draft_model else self.lookup_costs
+
+    @property
+    def min_confidence(self) -> float:
+        """How sure the draft model must be of a token for a draft to go on: forced drafts take every token."""
+        return MIN_CONFIDENCE if self.mode == "auto" else 0.0
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """True where the next drafts come from the draft model (and are written after scheduling)."""
+        return self.draft_model is not None and self.mode in ("auto", "draft")
 
     def _auto_lengths(self, proposals: dict[str, tuple[Sequence, list[int]]], batch: int) -> dict[str, int]:
         """Draft lengths for the step (see the module's text): the ``e`` draft tokens most likely to be kept,
@@ -240,9 +267,13 @@ class Speculator:
         self.proposer.finish(request_id)
         self._requests.pop(request_id, None)
 
-    def stats(self) -> SpeculationStats:
+    def stats(self, draft_memory_bytes: int = 0) -> SpeculationStats:
         reason = self._reason
         if self.mode == "ngram":
             reason = f"n-gram: forced in the settings, {FORCED_DRAFT} tokens a draft where lookup finds some"
+        elif self.mode == "draft":
+            reason = f"draft model: forced in the settings, up to {FORCED_DRAFT} tokens a draft from {self.draft_model}"
+        elif self.uses_draft_model:
+            reason = reason.replace("auto:", f"auto ({self.draft_model}):", 1)
         return SpeculationStats(self.mode, self._active, reason, self.num_drafts_total, self.draft_tokens_total,
-                                self.accepted_total, self._speedup)
+                                self.accepted_total, self._speedup, self.draft_model or "", draft_memory_bytes)

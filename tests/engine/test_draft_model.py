@@ -1,0 +1,174 @@
+"""A draft model beside the serving one: replies token for token the same as without it, through everything the
+scheduler does; its KV in the same pool (a cached prefix is cached for it too, freeing frees both); its memory
+counted before loading and after; a draft whose tokenizer differs refused in words.
+
+The drafts come from the same tiny model quantised to int4: its greedy choices mostly agree with the float32
+model's and sometimes not, so drafts are both kept and rejected.
+"""
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.errors import ModelLoadError
+from engine.models.fit import estimate
+from engine.serving.draft_model import DraftModel
+from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
+
+PROMPTS = [
+    "one two three four one two three four one two three",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "The same words, the same words, the same",
+]
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+def _engine(folder, speculation: str = "off", **overrides) -> Engine:
+    settings = dict(model=str(folder), num_kv_blocks=64, dtype="float32", kv_disk_cache=False,
+                    speculation=speculation)
+    if speculation == "draft":
+        settings.update(draft_model=str(folder), draft_quantization="int4")
+    return Engine(EngineConfig(**{**settings, **overrides}))
+
+
+def _drafted(outputs) -> tuple[int, int]:
+    return (sum(o.metrics.draft_tokens for o in outputs), sum(o.metrics.accepted_draft_tokens for o in outputs))
+
+
+def _check_same(plain, drafted) -> None:
+    assert [(o.token_ids, o.text, o.finish_reason) for o in drafted] == \
+        [(o.token_ids, o.text, o.finish_reason) for o in plain]
+    tokens, kept = _drafted(drafted)
+    assert 0 < kept < tokens  # drafts were written, some kept and some not
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_greedy_replies_are_the_same_with_a_draft_model(tiny_model_dirs, arch):
+    plain = _engine(tiny_model_dirs[arch]).generate(PROMPTS, GREEDY)
+    engine = _engine(tiny_model_dirs[arch], "draft")
+    _check_same(plain, engine.generate(PROMPTS, GREEDY))
+    stats = engine.stats()
+    assert stats.speculation.draft_model.endswith("(int4)")
+    assert stats.kv_blocks_used == 0
+
+
+def test_seeded_and_stopped_replies_are_the_same_with_a_draft_model(tiny_llama):
+    reference = _engine(tiny_llama).generate(PROMPTS, GREEDY)
+    params = [SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=3),
+              SamplingParams(max_tokens=40, temperature=0.0, repetition_penalty=1.5, ignore_eos=True,
+                             stop=(reference[1].text[20:24],)),
+              SamplingParams(max_tokens=13, temperature=0.0, ignore_eos=True)]
+    plain = _engine(tiny_llama).generate(PROMPTS, params)
+    drafted = _engine(tiny_llama, "draft").generate(PROMPTS, params)
+    assert [(o.token_ids, o.text, o.finish_reason) for o in drafted] == \
+        [(o.token_ids, o.text, o.finish_reason) for o in plain]
+    assert drafted[2].metrics.output_tokens == 13
+
+
+def test_chunked_prefill_prefix_hits_and_preemption_change_nothing(tiny_llama):
+    """12 blocks for three 60-token replies preempt; 8-token steps make the draft catch up a prompt over several
+    steps; the second round's prompts extend the first's, so they start from cached blocks."""
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    settings = dict(num_kv_blocks=12, max_num_batched_tokens=8)
+    first = _engine(tiny_llama).generate(PROMPTS, params)
+    follow = [p + o.text + " and again" for p, o in zip(PROMPTS, first, strict=True)]
+    plain_engine = _engine(tiny_llama, **settings)
+    plain = plain_engine.generate(PROMPTS, params) + plain_engine.generate(follow, params)
+    engine = _engine(tiny_llama, "draft", **settings)
+    drafted = engine.generate(PROMPTS, params) + engine.generate(follow, params)
+    _check_same(plain, drafted)
+    stats = engine.stats()
+    assert stats.num_preempted_total > 0 and stats.cached_prompt_tokens_total > 0
+    assert stats.kv_blocks_used == 0 and stats.kv_blocks_used + stats.kv_blocks_cached + stats.kv_blocks_free == \
+        stats.kv_blocks_total
+
+
+class PassLog:
+    """Records the positions each draft pass computes."""
+
+    def __init__(self, draft: DraftModel) -> None:
+        self.passes: list[list[tuple[int, int]]] = []
+        self._pass = draft._pass
+        draft._pass = self
+
+    def __call__(self, rows, tokens_in):
+        self.passes.append([(row.start, row.end) for row in rows])
+        return self._pass(rows, tokens_in)
+
+
+def test_a_cached_prefix_is_cached_for_the_draft_too(tiny_llama):
+    """The next turn's prompt starts with the turn before: the draft's first pass starts where the blocks the
+    draft computed before end, not at the start of the prompt."""
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    engine = _engine(tiny_llama, "draft")
+    first = engine.generate(PROMPTS[:1], params)[0]
+    follow = engine.encode_prompt(PROMPTS[0]) + list(first.token_ids) + engine.encode_prompt(" and then some more")
+    log = PassLog(engine.draft)
+    second = engine.generate([follow], params)[0]
+    start, end = log.passes[0][0]
+    cached = second.metrics.cached_prompt_tokens
+    assert cached >= 32 and start >= cached - engine.block_size  # at most a block the draft skipped is redone
+    assert end == second.metrics.prompt_tokens + 1  # up to the first token of the reply, drafting the second
+    assert second.token_ids == _engine(tiny_llama).generate([follow], params)[0].token_ids
+
+
+def test_auto_with_a_draft_model_changes_nothing(tiny_llama):
+    plain = _engine(tiny_llama).generate(PROMPTS, GREEDY)
+    engine = _engine(tiny_llama, "auto", draft_model=str(tiny_llama), draft_quantization="int4")
+    assert [o.token_ids for o in engine.generate(PROMPTS * 3, GREEDY)] == [o.token_ids for o in plain] * 3
+    assert engine.stats().speculation.reason.startswith("auto (")
+
+
+def test_the_draft_is_in_the_fit_estimate_and_the_memory_figures(tiny_llama):
+    alone = estimate(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=2**22))
+    draft_alone = estimate(EngineConfig(model=str(tiny_llama), dtype="float32", quantization="int4"))
+    both = estimate(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=2**22,
+                                 draft_model=str(tiny_llama), draft_quantization="int4"))
+    assert both.weight_bytes == alone.weight_bytes + draft_alone.weight_bytes
+    assert both.kv_bytes_per_token == 2 * alone.kv_bytes_per_token  # the same shape, both float32
+    assert both.kv_tokens < alone.kv_tokens  # the same memory holds half the tokens
+    assert "draft model" in both.summary()
+    plain = _engine(tiny_llama, kv_cache_memory=2**22, num_kv_blocks=None)
+    engine = _engine(tiny_llama, "draft", kv_cache_memory=2**22, num_kv_blocks=None)
+    assert engine.kv_cache.num_blocks == plain.kv_cache.num_blocks // 2
+    stats, plain_stats = engine.stats(), plain.stats()
+    assert stats.kv_cache_memory_bytes == 2 * engine.kv_cache.memory_bytes
+    assert stats.model_memory_bytes == plain_stats.model_memory_bytes + engine.draft.loaded.memory_bytes
+    assert stats.speculation.draft_memory_bytes == engine.draft.loaded.memory_bytes + engine.kv_cache.memory_bytes
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_model(tmp_path_factory, tokenizer_dir):
+    """A tiny llama whose tokenizer has one more token."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("other-tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.add_tokens(["<kvasir-extra>"])
+    changed = tmp_path_factory.mktemp("changed-tokenizer")
+    tokenizer.save_pretrained(changed)
+    write_tiny_model("llama", folder, changed)
+    return folder
+
+
+def test_a_draft_with_another_tokenizer_is_refused_in_words(tiny_llama, other_tokenizer_model):
+    with pytest.raises(ModelLoadError, match="cannot draft for this model: its tokenizer is not the serving"):
+        _engine(tiny_llama, "draft", draft_model=str(other_tokenizer_model))
+    engine = _engine(tiny_llama)
+    with pytest.raises(ModelLoadError, match="cannot draft"):
+        engine.switch_model(EngineConfig(model=str(tiny_llama), num_kv_blocks=64, dtype="float32",
+                                         kv_disk_cache=False, draft_model=str(other_tokenizer_model)))
+    assert engine.draft is None and engine.generate(PROMPTS[:1], GREEDY)[0].token_ids  # the model serves on
+
+
+def test_a_draft_mode_needs_a_draft_model():
+    with pytest.raises(ValueError, match="needs a draft model"):
+        EngineConfig(speculation="draft")
+    with pytest.raises(ValueError, match="draft_quantization must be one of"):
+        EngineConfig(draft_model="default", draft_quantization="int3")
+    with pytest.raises(ValueError, match="draft_model must be"):
+        EngineConfig(draft_model="  ")
+
+
+def test_a_missing_draft_model_is_refused_in_words(tiny_llama, tmp_path):
+    with pytest.raises(ModelLoadError, match="no model at"):
+        _engine(tiny_llama, "draft", draft_model=str(tmp_path / "nowhere"))
