@@ -107,9 +107,9 @@ def starting_config(args: argparse.Namespace, settings):
     from .data.settings import engine_load_options
 
     last = {} if args.self_test else {key: settings[key] for key in ("model", "quantization", "device")}
-    return EngineConfig(model=args.model or last.get("model", "default"),
-                        quantization=args.quant or last.get("quantization", "auto"),
-                        device=args.device or last.get("device", "auto"), **engine_load_options(settings))
+    model = args.model or last.get("model", "default")
+    return EngineConfig(model=model, quantization=args.quant or last.get("quantization", "auto"),
+                        device=args.device or last.get("device", "auto"), **engine_load_options(settings, model))
 
 
 def open_for_this_run(self_test: bool):

@@ -26,7 +26,9 @@ DEFAULTS = {
     "lower_priority": False,  # the engine's threads yield to other programs that need the CPU
     "kv_cache_dtype": "auto",  # how the KV cache stores keys and values (engine.KV_CACHE_DTYPES); a change reloads
     "kv_disk_cache": True,  # recent conversations' KV blocks kept on disk, read back after a restart
-    "speculation": "auto",  # speculative decoding (engine.SPECULATION_MODES); applied at once, no reload
+    "speculation": "auto",  # speculative decoding (APP_SPECULATION_MODES); applied at once, no reload
+    # the chat's model, as int4, loaded beside it to write drafts (auto uses them where they pay); a change reloads
+    "self_draft": False,
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
@@ -166,14 +168,21 @@ def engine_cpu_options(settings) -> dict:
     return {"threads": None if threads == "auto" else threads, "lower_priority": settings["lower_priority"]}
 
 
-KV_SETTINGS = ("kv_cache_dtype", "kv_disk_cache")  # settings the engine takes only at a load
+LOAD_SETTINGS = ("kv_cache_dtype", "kv_disk_cache", "self_draft")  # settings the engine takes only at a load
+# the modes Preferences offers: a draft model is the self_draft setting's, and auto uses it
+APP_SPECULATION_MODES = tuple(mode for mode in SPECULATION_MODES if mode != "draft")
 
 
-def engine_load_options(settings) -> dict:
-    """Every setting of Preferences that an :class:`engine.EngineConfig` takes: the CPU ones, the KV cache's
-    format and disk tier, and speculative decoding's mode."""
-    return {**engine_cpu_options(settings), **{key: settings[key] for key in KV_SETTINGS},
-            "speculation": settings["speculation"]}
+def engine_load_options(settings, model: str) -> dict:
+    """Every setting of Preferences that an :class:`engine.EngineConfig` for ``model`` takes: the CPU ones, the
+    KV cache's format and disk tier, speculative decoding's mode, and the draft model (``model`` as int4)."""
+    return {**engine_cpu_options(settings), **{key: settings[key] for key in LOAD_SETTINGS if key != "self_draft"},
+            "speculation": settings["speculation"], **draft_options(settings, model)}
+
+
+def draft_options(settings, model: str) -> dict:
+    """The draft model the settings ask for beside ``model``: itself as int4, or none."""
+    return {"draft_model": model if settings["self_draft"] else None, "draft_quantization": "int4"}
 
 
 def _read_object(path: Path) -> dict:
@@ -203,7 +212,9 @@ def _valid_value(key: str, value) -> bool:
     if key == "kv_disk_cache":
         return isinstance(value, bool)
     if key == "speculation":
-        return value in SPECULATION_MODES
+        return value in APP_SPECULATION_MODES
+    if key == "self_draft":
+        return isinstance(value, bool)
     if key in ("sampling", "api"):
         return False  # a dict is merged key by key above; anything else is not these settings
     return isinstance(value, str) and bool(value)

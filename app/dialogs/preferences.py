@@ -131,11 +131,19 @@ class SpeculationForm(QGroupBox):
                              "edited) and checks them all in one step. A reply is the same either way; auto drafts "
                              "only while its measurements say replies come faster.")
         self.mode.setAccessibleDescription(self.mode.toolTip())
+        self.self_draft = QCheckBox("Draft with the chat's model at 4 bits (reloads the model)")
+        self.self_draft.setChecked(values["self_draft"])
+        self.self_draft.setToolTip("A 4-bit copy of the model, loaded beside it, writes the drafts: a model kept "
+                                   "at full precision (quantisation none) answers close to 4-bit speed, every "
+                                   "token still its own. Its weights and KV cache take memory of their own; the "
+                                   "panel shows how much.")
+        self.self_draft.setAccessibleDescription(self.self_draft.toolTip())
         form = QFormLayout(self)
         form.addRow("Drafts", self.mode)
+        form.addRow(self.self_draft)
 
     def values(self) -> dict:
-        return {"speculation": self.mode.currentData()}
+        return {"speculation": self.mode.currentData(), "self_draft": self.self_draft.isChecked()}
 
 
 class PreferencesDialog(QDialog):

@@ -69,10 +69,12 @@ def speculation_tip(spec: SpeculationStats | None) -> str:
     """What the Drafts row's numbers are, and what the mode is doing and why."""
     if spec is None:
         return ""
+    model = (f"Draft model {spec.draft_model}: {size_text(spec.draft_memory_bytes)} with its KV cache. "
+             if spec.draft_model else "")
     if not spec.num_drafts_total:
-        return spec.reason
-    return (f"Draft tokens kept of those computed, {spec.mean_accepted_run:.1f} kept a draft on average, and "
-            f"steps with drafts against plain ones. {spec.reason[0].upper()}{spec.reason[1:]}.")
+        return model + spec.reason
+    return (f"{model}Draft tokens kept of those computed, {spec.mean_accepted_run:.1f} kept a draft on average, "
+            f"and steps with drafts against plain ones. {spec.reason[0].upper()}{spec.reason[1:]}.")
 
 
 def errors_text(count: int) -> str:

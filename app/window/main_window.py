@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
-from ..data.settings import DEFAULTS, KV_SETTINGS, engine_cpu_options, next_text_scale
+from ..data.settings import DEFAULTS, LOAD_SETTINGS, draft_options, engine_cpu_options, next_text_scale
 from ..dialogs.about import AboutDialog
 from ..dialogs.model_manager import ModelDialog
 from ..dialogs.preferences import PreferencesDialog
@@ -174,7 +174,7 @@ class MainWindow(QMainWindow):
             return
         api_before, cpu_before = dict(self.settings["api"]), engine_cpu_options(self.settings)
         speculation_before = self.settings["speculation"]
-        kv_before = {key: self.settings[key] for key in KV_SETTINGS}
+        load_before = {key: self.settings[key] for key in LOAD_SETTINGS}
         for key, value in dialog.result_values().items():
             self.settings[key] = value
         self.settings.save()
@@ -182,11 +182,13 @@ class MainWindow(QMainWindow):
             self.bridge.set_cpu_options(**engine_cpu_options(self.settings))
         if self.settings["speculation"] != speculation_before:
             self.bridge.set_speculation(self.settings["speculation"])
-        kv_after = {key: self.settings[key] for key in KV_SETTINGS}
-        if kv_after != kv_before and self.bridge.config is not None:
+        load_after = {key: self.settings[key] for key in LOAD_SETTINGS}
+        if load_after != load_before and self.bridge.config is not None:
             # the pool is rebuilt (another format, or with or without its disk tier): a reload, asked first where
             # replies are being written
-            self.switcher.reload(dataclasses.replace(self.bridge.config, **kv_after))
+            config = self.bridge.config
+            kv = {key: value for key, value in load_after.items() if key != "self_draft"}
+            self.switcher.reload(dataclasses.replace(config, **kv, **draft_options(self.settings, config.model)))
         self.apply_theme(self.settings["theme"])
         self.set_text_scale(self.settings["text_scale"], save=False)
         if self.settings["api"] != api_before or self.local_api.error:

@@ -155,8 +155,9 @@ class ModelBar(QWidget):
         if choice is not None:
             self.remote_requested.emit(choice)
             return
-        config = EngineConfig(model=self.model_box.currentData(), quantization=self.quant_box.currentText(),
-                              device=self.settings["device"], **engine_load_options(self.settings))
+        model = self.model_box.currentData()
+        config = EngineConfig(model=model, quantization=self.quant_box.currentText(), device=self.settings["device"],
+                              **engine_load_options(self.settings, model))
         self._show_progress(True)
         self.switch_requested.emit(config)
 

@@ -38,7 +38,7 @@ from .outputs import RequestOutput
 from .prompt_encoder import Prompt, PromptEncoder
 from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
-from .speculation import Speculator
+from .speculation import TO_DRAFT, Speculator
 from .step_pacer import CPU_TARGET_S, GPU_TARGET_S, StepPacer
 from .warmup import step_peak_bytes
 
@@ -181,23 +181,25 @@ class Engine:
                 - 1 for seq in decoding}
         self.speculator.plan(decoding, room)
 
-    def _write_drafts(self, scheduled: SchedulerOutput) -> float:
+    def _write_drafts(self, scheduled: SchedulerOutput) -> float | None:
         """The draft model's drafts for the step's chunks that have room for one (:mod:`.draft_model`); the
-        seconds its passes took. Should it fail, the step goes on without drafts."""
+        seconds its passes took, None where it caught up on more than a token or two (a prompt it had not seen:
+        not what a step with drafts costs). Should it fail, the step goes on without drafts."""
         if self.draft is None or not self.speculator.uses_draft_model:
             return 0.0
-        chunks = [c for c in scheduled.chunks if c.draft]
+        chunks = [c for c in scheduled.chunks if c.draft and c.draft[0] == TO_DRAFT]
         if not chunks:
             return 0.0
         start = time.perf_counter()
         try:
-            self.draft.fill(chunks, self.block_manager, self.config.max_num_batched_tokens - scheduled.num_tokens,
-                            self.speculator.min_confidence)
+            caught_up = self.draft.fill(chunks, self.block_manager,
+                                        self.config.max_num_batched_tokens - scheduled.num_tokens)
         except Exception:
             log.exception("the draft model failed; this step goes on without drafts")
             for chunk in chunks:
                 chunk.draft, chunk.num_tokens, chunk.seq.draft_computed = (), 1, 0
-        return time.perf_counter() - start
+            return None
+        return time.perf_counter() - start if not caught_up else None
 
     def _release_free_pages(self) -> None:
         """Idle on the CPU: the pages of blocks freed since, and the heap the steps' activations left, are given
@@ -530,9 +532,9 @@ class Engine:
             self._finish(seq, "error", f"the engine could not allocate its KV cache: {describe_failure(exc)}")
         return scheduled
 
-    def _compute(self, scheduled: SchedulerOutput, draft_seconds: float = 0.0) -> list[RequestOutput]:
+    def _compute(self, scheduled: SchedulerOutput, draft_seconds: float | None = 0.0) -> list[RequestOutput]:
         """Run the forward pass for ``scheduled`` and turn its samples into outputs. ``draft_seconds``: what
-        writing the step's drafts took, part of the step's cost."""
+        writing the step's drafts took, part of the step's cost (None: not a typical step's)."""
         start = time.perf_counter()
         for chunk in scheduled.chunks:
             if chunk.seq.first_scheduled_time is None:
@@ -550,7 +552,7 @@ class Engine:
         if self.disk is not None:
             self.disk.save(registered)
         prompt = [(c.start, c.num_tokens) for c in done.chunks if not c.is_decode]
-        self.speculator.record(done.chunks, end - start + draft_seconds, decode_only=not prompt and not failed)
+        self.speculator.record(done.chunks, end - start, not prompt and not failed, draft_seconds)
         outputs = self._append_tokens(done, sampled, end)
         self.counters.record_step(start, end, sum(n for _, n in prompt), sum(len(tokens) for tokens in sampled))
         if not failed:

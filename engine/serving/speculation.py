@@ -25,11 +25,11 @@ as much as they give). After :data:`PROBE_EVERY` steps per reply without a draft
 with a draft on offer one token, so acceptance (and what a step with drafts costs) stays measured.
 ``ngram`` always drafts :data:`FORCED_DRAFT` tokens where lookup finds some; ``off`` never drafts.
 
-**Where drafts come from.** With a draft model loaded (:mod:`.draft_model`), ``auto`` and ``draft`` take its
-drafts: it always has one on offer, so the plan is a length per reply, and the draft model writes that many
-tokens (:data:`TO_DRAFT` until then) once the step's blocks are known; its passes are part of what a step with
-drafts is measured to cost. Otherwise drafts come from n-gram lookup (:mod:`.ngram`), free but only where the
-text repeats.
+**Where drafts come from.** N-gram lookup (:mod:`.ngram`) first: its drafts are free, but only where the text
+repeats. With a draft model loaded (:mod:`.draft_model`), a reply lookup has nothing for in ``auto`` (every
+reply in ``draft``) has the draft model's on offer: the plan is then a length, and the draft model writes that
+many tokens (:data:`TO_DRAFT` until then) once the step's blocks are known. Its passes are part of what such a
+step costs, so steps with its drafts are measured apart from steps with lookup's only.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from .ngram import NgramProposer
 from .sequence import Sequence
 
 MAX_DRAFT = 8  # tokens per draft in auto
-# auto: a draft model's draft ends before a token it gives less than this (rarely kept, and a pass and a row each)
-MIN_CONFIDENCE = 0.3
+SOURCES = ("lookup", "model")  # n-gram lookup, the draft model
 TO_DRAFT = -1  # a draft token the draft model writes once the step is scheduled (a plan only knows the length)
 FORCED_DRAFT = 5  # tokens per draft when speculation is forced on
 PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.5, 2.0  # before anything is measured: a coin, worth two tries
@@ -133,8 +132,10 @@ class Speculator:
         self.costs = StepCosts()  # plain decode steps
         self.lookup_costs = StepCosts()  # decode steps with n-gram drafts
         self.model_costs = StepCosts()  # decode steps with the draft model's drafts, its passes included
-        self.engine_acceptance = Acceptance(ENGINE_DECAY)
-        self._requests: dict[str, Acceptance] = {}
+        # kept over tried, per source of drafts ("lookup", "model"): engine-wide (the prior) and per request
+        self.engine_acceptance = {source: Acceptance(ENGINE_DECAY) for source in SOURCES}
+        self._requests: dict[tuple[str, str], Acceptance] = {}
+        self._sources: dict[str, str] = {}  # where each request's draft in the step came from
         self._plain_steps = 0  # decode steps in a row without a draft, in auto
         self.num_drafts_total = self.draft_tokens_total = self.accepted_total = 0
         self._speedup: float | None = None
@@ -155,12 +156,15 @@ class Speculator:
         if self.mode == "off" or not decoding:
             return
         proposals = {}
+        self._sources = {}
         for seq in decoding:
             limit = min(room.get(seq.request_id, 0), MAX_DRAFT if self.mode == "auto" else FORCED_DRAFT)
-            draft = [TO_DRAFT] * limit if self.uses_draft_model else self.proposer.propose(seq.request_id,
-                                                                                          seq.token_ids, limit)
+            draft = [] if self.mode == "draft" else self.proposer.propose(seq.request_id, seq.token_ids, limit)
+            if self.uses_draft_model and limit and (not draft or self._model_is_better(seq.request_id)):
+                draft = [TO_DRAFT] * limit
             if draft:
                 proposals[seq.request_id] = (seq, draft)
+                self._sources[seq.request_id] = "model" if draft[0] == TO_DRAFT else "lookup"
         if self.mode == "auto":
             lengths = self._auto_lengths(proposals, len(decoding))
         else:
@@ -170,19 +174,19 @@ class Speculator:
         self._active = any(seq.draft for seq, _ in proposals.values())
 
     @property
-    def draft_costs(self) -> StepCosts:
-        """What steps with the next drafts cost: with the draft model's passes, or with lookup's free drafts."""
-        return self.model_costs if self.uses_draft_model else self.lookup_costs
-
-    @property
-    def min_confidence(self) -> float:
-        """How sure the draft model must be of a token for a draft to go on: forced drafts take every token."""
-        return MIN_CONFIDENCE if self.mode == "auto" else 0.0
-
-    @property
     def uses_draft_model(self) -> bool:
         """True where the next drafts come from the draft model (and are written after scheduling)."""
         return self.draft_model is not None and self.mode in ("auto", "draft")
+
+    def _model_is_better(self, request_id: str) -> bool:
+        """In auto, whether the draft model's drafts have been kept more often for this request than lookup's
+        (lookup's are free, so they go first until measured worse)."""
+        if self.mode != "auto":
+            return False
+        return self._rate("model", request_id) > self._rate("lookup", request_id)
+
+    def _rate(self, source: str, request_id: str) -> float:
+        return self._acceptance(source, request_id).rate(self.engine_acceptance[source].rate())
 
     def _auto_lengths(self, proposals: dict[str, tuple[Sequence, list[int]]], batch: int) -> dict[str, int]:
         """Draft lengths for the step (see the module's text): the ``e`` draft tokens most likely to be kept,
@@ -191,23 +195,27 @@ class Speculator:
         if not self.costs.known:
             self._reason = "auto: measuring what a step costs"
             return {}
-        prior = self.engine_acceptance.rate()
-        rates = {rid: self._acceptance(rid).rate(prior) for rid in proposals}
+        rates = {rid: self._rate(self._sources[rid], rid) for rid in proposals}
+        prior = self.engine_acceptance["model" if self.uses_draft_model else "lookup"].rate()
         # the chance each draft token is kept; a draft's later tokens never rank before its earlier ones
         chances = sorted(((rates[rid] ** (j + 1), rid) for rid, (_, draft) in proposals.items()
                           for j in range(len(draft))), reverse=True)
         plain_step = self.costs.predict(batch)
-        costs = self.draft_costs if self.draft_costs.known else self.costs
         margin = MARGIN if batch == 1 else BATCH_MARGIN
-        best, best_gain, tried_unmeasured = 0, margin, False
+        best, best_gain = 0, margin
+        tried_unmeasured: set[int] = set()  # per cost table, one unmeasured row count at a time
         expected = dict.fromkeys(proposals, 1.0)  # tokens each drafting reply expects from the step
         slowest = 1.0 if len(proposals) < batch else None  # a reply without a draft gets one token
+        with_model = False  # the step's drafts so far need the draft model's passes
         for extra, (chance, rid) in enumerate(chances, start=1):
             expected[rid] += chance
-            if not costs.measured(batch + extra):  # one row count not yet measured at a time: the line guesses
-                if tried_unmeasured:
+            with_model = with_model or proposals[rid][1][0] == TO_DRAFT
+            costs = self.model_costs if with_model else self.lookup_costs
+            costs = costs if costs.known else self.costs
+            if not costs.measured(batch + extra):  # the line guesses
+                if id(costs) in tried_unmeasured:
                     continue
-                tried_unmeasured = True
+                tried_unmeasured.add(id(costs))
             least = min(min(expected.values()), slowest or float("inf"))
             gain = least * plain_step / costs.predict(batch + extra)  # the slowest reply against a plain step
             if gain > best_gain:
@@ -227,14 +235,16 @@ class Speculator:
                         f"{prior:.0%})")
         return lengths
 
-    def _acceptance(self, request_id: str) -> Acceptance:
-        if request_id not in self._requests:
-            self._requests[request_id] = Acceptance(REQUEST_DECAY)
-        return self._requests[request_id]
+    def _acceptance(self, source: str, request_id: str) -> Acceptance:
+        key = (source, request_id)
+        if key not in self._requests:
+            self._requests[key] = Acceptance(REQUEST_DECAY)
+        return self._requests[key]
 
-    def record(self, chunks, seconds: float, decode_only: bool) -> None:
-        """Learn from a finished step: its chunks (with their drafts and what was kept) and its time.
-        ``decode_only``: the step held no prompt work, so its time is a decode step's."""
+    def record(self, chunks, seconds: float, decode_only: bool, draft_seconds: float | None = 0.0) -> None:
+        """Learn from a finished step: its chunks (with their drafts and what was kept) and its time, with the
+        ``draft_seconds`` the draft model's passes took (None: they caught up on text, which no other step
+        does). ``decode_only``: the step held no prompt work, so its time is a decode step's."""
         rows = drafted_rows = emitted = 0
         for chunk in chunks:
             rows += 1 + len(chunk.draft)
@@ -248,15 +258,22 @@ class Speculator:
             self.accepted_total += chunk.accepted
             chunk.seq.draft_tokens += len(chunk.draft)
             chunk.seq.accepted_draft_tokens += chunk.accepted
-            self._acceptance(chunk.seq.request_id).record(len(chunk.draft), chunk.accepted)
-            self.engine_acceptance.record(len(chunk.draft), chunk.accepted)
-        if not decode_only or seconds <= 0:
+            source = self._sources.get(chunk.seq.request_id, "lookup")
+            self._acceptance(source, chunk.seq.request_id).record(len(chunk.draft), chunk.accepted)
+            self.engine_acceptance[source].record(len(chunk.draft), chunk.accepted)
+        if draft_seconds is None or not decode_only or (draft_seconds and not drafted_rows):
+            return  # prompt work in the step, or the draft model catching up: not a decode step's cost
+        seconds += draft_seconds
+        if seconds <= 0:
             return
         if drafted_rows and self.costs.known:
             plain = (rows - drafted_rows) / self.costs.predict(rows - drafted_rows)
             ratio = (emitted / seconds) / plain
             self._speedup = ratio if self._speedup is None else 0.9 * self._speedup + 0.1 * ratio
-        (self.draft_costs if drafted_rows else self.costs).observe(rows, seconds)
+        if not drafted_rows:
+            self.costs.observe(rows, seconds)
+        else:
+            (self.model_costs if draft_seconds else self.lookup_costs).observe(rows, seconds)
 
     def forget_text(self) -> None:
         """Drop the finished sequences lookup drafts from (a benchmark's repeated rounds would otherwise draft
@@ -265,7 +282,8 @@ class Speculator:
 
     def finish(self, request_id: str) -> None:
         self.proposer.finish(request_id)
-        self._requests.pop(request_id, None)
+        for source in SOURCES:
+            self._requests.pop((source, request_id), None)
 
     def stats(self, draft_memory_bytes: int = 0) -> SpeculationStats:
         reason = self._reason

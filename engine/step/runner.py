@@ -35,6 +35,9 @@ class ModelRunner:
         # (FlexAttention replaces the native kernels' attention, so it runs through the lean decoder)
         native = native_decoder_for(model, device, self.dtype) if backend != "flex" else None
         self.lean = native or lean_decoder_for(model)
+        # the native decode kernel computes a draft's positions fastest as decode rows; torch's attention as one
+        # chunk of the sequence, which reads its keys once for all of them (see _pack)
+        self.drafts_as_rows = native is not None
         # decode steps from CUDA graphs, where the engine asked for them (it reserved the scratch block they need)
         self.graphs: DecodeGraphs | None = None
         if graph_limits is not None and isinstance(self.lean, LeanDecoder):
@@ -54,7 +57,7 @@ class ModelRunner:
         logits = self.graphs.run(chunks) if self.graphs is not None and self.graphs.takes(chunks) else None
         if logits is not None:
             return self._sample(logits, chunks)
-        input_ids, slices, sample_index = self._pack(chunks)
+        input_ids, slices, sample_index = self._pack(chunks, self.drafts_as_rows)
         input_ids = to_device(input_ids, self.device)
         sample_index = to_device(sample_index, self.device)
         try:
@@ -113,14 +116,23 @@ class ModelRunner:
         ).logits[0]
 
     @staticmethod
-    def _pack(chunks: list[Chunk]):
-        """Token ids, attention slices and sampled rows of the step. A chunk with a draft becomes one decode
-        row per position (its last token, then each draft token), attending to the positions before it: the
-        same arithmetic as decoding those tokens one step at a time, and batched with the other decodes."""
+    def _pack(chunks: list[Chunk], drafts_as_rows: bool = True):
+        """Token ids, attention slices and sampled rows of the step. A chunk with a draft is sampled at every
+        position (its last token, then each draft token). With ``drafts_as_rows`` it becomes one decode row per
+        position, attending to the positions before it: the same arithmetic as decoding those tokens one step
+        at a time, and batched with the other decodes. Else it is one causal chunk, as a prompt's: torch's
+        attention then reads the sequence's keys once for all its positions, not once a position (the same
+        formulas; on the CPU the sums' order, and so the last bits, may differ from a decode row's, as they do
+        between a batched decode row and a lone one)."""
         ids: list[int] = []
         slices: list[SequenceSlice] = []
         sample_index: list[int] = []
         for chunk in chunks:
+            if chunk.draft and not drafts_as_rows:
+                slices.append(SequenceSlice(len(ids), chunk.start, chunk.end, chunk.seq.block_table))
+                sample_index.extend(range(len(ids), len(ids) + chunk.num_tokens))
+                ids.extend((chunk.seq.token_ids[chunk.start], *chunk.draft))
+                continue
             if chunk.draft:
                 for j, token in enumerate((chunk.seq.token_ids[chunk.start], *chunk.draft)):
                     slices.append(SequenceSlice(len(ids), chunk.start + j, chunk.start + j + 1, chunk.seq.block_table))

@@ -35,8 +35,13 @@ def engine_args(parser: argparse.ArgumentParser) -> None:
                         help="how the KV cache stores keys and values (auto: the smallest format measured to keep "
                              "quality and speed on this model, see eval-quant --kv)")
     parser.add_argument("--speculation", default="auto", choices=SPECULATION_MODES,
-                        help="speculative decoding: auto drafts from earlier text where measurement says it pays, "
-                             "ngram whenever lookup finds a draft, off never")
+                        help="speculative decoding: auto drafts where measurement says it pays (with the draft "
+                             "model if one is given, else from earlier text), ngram whenever lookup finds a draft, "
+                             "draft always with the draft model, off never")
+    parser.add_argument("--draft-model", default=None,
+                        help="a model to write drafts, loaded beside --model; its tokenizer must be the same "
+                             "(for example the same model: --quant none --draft-model default --draft-quant int4)")
+    parser.add_argument("--draft-quant", default="auto", choices=QUANTIZATIONS, help="the draft model's quantisation")
     parser.add_argument("--no-kv-disk-cache", dest="kv_disk_cache", action="store_false",
                         help="keep no KV blocks on disk (by default recent conversations' are, so a restart "
                              "computes nothing again)")
@@ -158,6 +163,8 @@ def config_from(args) -> EngineConfig:
         num_kv_blocks=args.kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype,
         speculation=args.speculation,
+        draft_model=model_spec(args.draft_model) if args.draft_model else None,
+        draft_quantization=args.draft_quant,
         kv_disk_cache=args.kv_disk_cache,
         cuda_graphs=args.cuda_graphs,
         attention_backend=args.attention,

@@ -1,6 +1,7 @@
 """Speculative decoding against plain decoding, side by side in one run: three workloads x {off, ngram, auto}, one
-chat and four, on the default model, greedy; and llama-server with and without its own n-gram speculation on
-the same one-chat prompts, where ``make peers`` has built it.
+chat and four, on the default model, greedy; the same with a draft model (the default model at full precision,
+``none``, with its own int4 copy drafting: {off, draft, auto}, beside the int4 model alone); and llama-server
+with and without its own n-gram speculation on the same one-chat prompts, where ``make peers`` has built it.
 
 Workloads: (1) rewrite a given 300-line Python file with one function renamed; (2) summarise a given text of
 about 1,500 tokens quoting its key sentences; (3) a free story. Each reply is ``REPLY_TOKENS`` tokens. The
@@ -21,9 +22,11 @@ from importlib import resources
 from pathlib import Path
 
 MODES = ("off", "ngram", "auto")
+DRAFT_MODES = ("off", "draft", "auto")
 CHATS = (1, 4)
 REPLY_TOKENS = 192
 ROUNDS = 5
+WARM_TOKENS = 4  # tokens of each reply before the timed rounds: the draft model catches up a long prompt in two
 RENAMES = (("_forget", "_drop_entry"), ("_remember", "_note_entry"), ("_parse_name", "_split_name"),
            ("_used_at", "_last_use_of"))
 STORIES = ("a lighthouse keeper who finds a map", "two friends crossing a desert", "a city where it never rains",
@@ -61,35 +64,60 @@ def workloads(chats: int, tokenizer) -> dict[str, list[list[dict]]]:
 
 
 def measure_kvasir(rounds: int = ROUNDS, reply_tokens: int = REPLY_TOKENS, progress=print) -> list[dict]:
-    """tokens/s of every (workload, chats, mode), the best of ``rounds`` turns, with the draft counts."""
-    from .. import Engine, EngineConfig, SamplingParams
+    """tokens/s of every (workload, chats, mode) with n-gram drafts, the best of ``rounds`` turns, with the draft
+    counts."""
+    from .. import Engine, EngineConfig
 
     engine = Engine(EngineConfig(kv_disk_cache=False))
+    return _measure({mode: (engine, mode) for mode in MODES}, rounds, reply_tokens, progress)
+
+
+def measure_draft_model(rounds: int = ROUNDS, reply_tokens: int = REPLY_TOKENS, progress=print) -> list[dict]:
+    """The same with a draft model: the default model unquantised, drafted for by its int4 copy ({off, draft,
+    auto}), and the int4 model alone (``int4``) for what 4-bit speed is."""
+    from .. import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(kv_disk_cache=False, quantization="none", draft_model="default",
+                                 draft_quantization="int4"))
+    int4 = Engine(EngineConfig(kv_disk_cache=False))
+    modes = {mode: (engine, mode) for mode in DRAFT_MODES} | {"int4": (int4, "off")}
+    return _measure(modes, rounds, reply_tokens, progress, compared=DRAFT_MODES)
+
+
+def _measure(modes: dict, rounds: int, reply_tokens: int, progress, compared=MODES) -> list[dict]:
+    """``modes``: label -> (engine, speculation mode). Each round runs every label in turn; the replies of the
+    ``compared`` labels must be the same tokens as ``off``'s."""
+    from .. import SamplingParams
+
     params = SamplingParams(max_tokens=reply_tokens, temperature=0.0, ignore_eos=True)
+    tokenizer = next(iter(modes.values()))[0].tokenizer
     rows = []
     for chats in CHATS:
-        for name, prompts in workloads(chats, engine.tokenizer).items():
-            engine.set_speculation("off")
-            engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))  # the prompts, into the cache
-            runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for name, prompts in workloads(chats, tokenizer).items():
+            for engine in {id(e): e for e, _ in modes.values()}.values():
+                # the prompts, into the cache: a draft model's too (it computes them in its first passes)
+                engine.set_speculation("draft" if engine.draft is not None else "off")
+                engine.generate(prompts, SamplingParams(max_tokens=WARM_TOKENS, temperature=0.0))
+            runs: dict[str, list[dict]] = {label: [] for label in modes}
             for _ in range(rounds):
-                for mode in MODES:
+                for label, (engine, mode) in modes.items():
                     engine.set_speculation(mode)
                     engine.speculator.forget_text()
                     start = time.perf_counter()
                     outputs = engine.generate(prompts, params)
                     seconds = time.perf_counter() - start
-                    runs[mode].append({"seconds": seconds, "tokens": [o.token_ids for o in outputs],
-                                       "drafted": sum(o.metrics.draft_tokens for o in outputs),
-                                       "kept": sum(o.metrics.accepted_draft_tokens for o in outputs)})
+                    runs[label].append({"seconds": seconds, "tokens": [o.token_ids for o in outputs],
+                                        "drafted": sum(o.metrics.draft_tokens for o in outputs),
+                                        "kept": sum(o.metrics.accepted_draft_tokens for o in outputs)})
             reference = runs["off"][0]["tokens"]
-            for mode in MODES:
-                best = min(runs[mode], key=lambda run: run["seconds"])
+            for label in modes:
+                best = min(runs[label], key=lambda run: run["seconds"])
                 produced = sum(len(tokens) for tokens in best["tokens"])
-                rows.append({"workload": name, "chats": chats, "mode": mode, "tokens_per_s": produced / best["seconds"],
-                             "drafted": best["drafted"], "kept": best["kept"],
-                             "same_as_off": all(run["tokens"] == reference for run in runs[mode])})
-                progress(f"{name}, {chats} chat(s), {mode}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+                rows.append({"workload": name, "chats": chats, "mode": label,
+                             "tokens_per_s": produced / best["seconds"], "drafted": best["drafted"],
+                             "kept": best["kept"], "same_as_off": label not in compared or
+                             all(run["tokens"] == reference for run in runs[label])})
+                progress(f"{name}, {chats} chat(s), {label}: {rows[-1]['tokens_per_s']:.1f} tok/s")
     return rows
 
 
@@ -143,25 +171,51 @@ def markdown_table(kvasir: list[dict], llama: list[dict] | None) -> str:
     return "\n".join(lines)
 
 
+def draft_model_table(rows: list[dict]) -> str:
+    """The draft-model pair: the unquantised model alone, with its int4 copy drafting (forced and auto), and the
+    int4 model alone."""
+    def row(workload, chats, mode):
+        return next(r for r in rows if (r["workload"], r["chats"], r["mode"]) == (workload, chats, mode))
+
+    lines = ["| workload | chats | none, off tok/s | none + int4 draft | auto | drafted tokens kept | int4 alone |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for workload in ("rewrite", "summarise", "story"):
+        for chats in CHATS:
+            off = row(workload, chats, "off")["tokens_per_s"]
+            cells = [f"{off:.1f}"]
+            for mode in ("draft", "auto", "int4"):
+                value = row(workload, chats, mode)["tokens_per_s"]
+                cells.append(f"{value:.1f} ({value / off:.2f}x)")
+            forced = row(workload, chats, "draft")
+            cells.insert(3, f"{forced['kept']}/{forced['drafted']}" if forced["drafted"] else "–")
+            lines.append(f"| {workload} | {chats} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--tokens", type=int, default=REPLY_TOKENS)
     parser.add_argument("--no-llama", action="store_true", help="leave llama-server out")
+    parser.add_argument("--no-draft-model", action="store_true", help="leave the draft-model pair out")
     args = parser.parse_args(argv)
     from .bench import machine_info
 
     kvasir = measure_kvasir(args.rounds, args.tokens)
+    drafted = [] if args.no_draft_model else measure_draft_model(args.rounds, args.tokens)
     llama = None if args.no_llama else measure_llama(args.tokens, args.rounds)
     table = markdown_table(kvasir, llama)
     print(table)
-    differing = [r for r in kvasir if not r["same_as_off"]]
+    draft_table = draft_model_table(drafted) if drafted else ""
+    print(draft_table)
+    differing = [r for r in kvasir + drafted if not r["same_as_off"]]
     for row in differing:
         print(f"DIFFERENT OUTPUT: {row['workload']}, {row['chats']} chat(s), {row['mode']}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"machine": machine_info(), "kvasir": kvasir, "llama_server": llama,
-                                   "auto_vs_off_min": min(_ratios(kvasir, "auto")),
-                                   "table": table}, indent=2) + "\n")
+    RESULTS.write_text(json.dumps({"machine": machine_info(), "kvasir": kvasir, "draft_model": drafted,
+                                   "llama_server": llama, "auto_vs_off_min": min(_ratios(kvasir, "auto")),
+                                   "draft_auto_vs_off_min": min(_ratios(drafted, "auto")) if drafted else None,
+                                   "table": table, "draft_table": draft_table}, indent=2) + "\n")
     return 1 if differing else 0
 
 

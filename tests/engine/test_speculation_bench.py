@@ -1,6 +1,14 @@
 """The speculation benchmark's workloads are the ones the table names, and its table reads its rows right."""
 
-from engine.tools.speculation_bench import CHATS, MODES, markdown_table, rewrite_prompts, story_prompts
+from engine.tools.speculation_bench import (
+    CHATS,
+    DRAFT_MODES,
+    MODES,
+    draft_model_table,
+    markdown_table,
+    rewrite_prompts,
+    story_prompts,
+)
 
 
 def test_the_rewrite_workload_is_a_300_line_file_with_one_rename_per_chat():
@@ -21,4 +29,14 @@ def test_the_table_gives_each_mode_against_off_and_the_peer():
     lines = markdown_table(rows, peer).splitlines()
     assert lines[2] == "| rewrite | 1 | 40.0 | 80.0 (2.00x) | 60.0 (1.50x) | 90/100 | 50.0 | 45.0 (0.90x) |"
     assert lines[3] == "| rewrite | 4 | 40.0 | 80.0 (2.00x) | 60.0 (1.50x) | 90/100 | – | – |"
+    assert len(lines) == 2 + 3 * len(CHATS)
+
+
+def test_the_draft_model_table_gives_each_mode_against_the_unquantised_model_alone():
+    speeds = {"off": 20.0, "draft": 50.0, "auto": 45.0, "int4": 60.0}
+    rows = [{"workload": w, "chats": c, "mode": m, "tokens_per_s": speeds[m], "drafted": 300 if m == "draft" else 0,
+             "kept": 250 if m == "draft" else 0, "same_as_off": True}
+            for w in ("rewrite", "summarise", "story") for c in CHATS for m in (*DRAFT_MODES, "int4")]
+    lines = draft_model_table(rows).splitlines()
+    assert lines[2] == "| rewrite | 1 | 20.0 | 50.0 (2.50x) | 45.0 (2.25x) | 250/300 | 60.0 (3.00x) |"
     assert len(lines) == 2 + 3 * len(CHATS)

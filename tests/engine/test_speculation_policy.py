@@ -67,8 +67,8 @@ def test_right_drafts_with_cheap_rows_draft_long():
     _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 12))
     seq = _seq("a")
     for _ in range(10):
-        speculator.engine_acceptance.record(8, 8)
-        speculator._acceptance("a").record(8, 8)
+        speculator.engine_acceptance["lookup"].record(8, 8)
+        speculator._acceptance("lookup", "a").record(8, 8)
     speculator.plan([seq], {"a": 100})
     assert len(seq.draft) == MAX_DRAFT and speculator.stats().active
 
@@ -77,7 +77,7 @@ def test_row_counts_never_measured_are_tried_one_at_a_time():
     speculator = Speculator("auto")
     _learnt(speculator, fixed=0.010, per_row=0.0005, rows=(1, 2, 3))  # up to two draft tokens measured
     for _ in range(10):
-        speculator.engine_acceptance.record(8, 8)
+        speculator.engine_acceptance["lookup"].record(8, 8)
     seq = _seq("a")
     speculator.plan([seq], {"a": 100})
     assert len(seq.draft) == 3  # the line promises more, but only one unmeasured count (4 rows) is tried
@@ -88,7 +88,7 @@ def test_no_draft_where_a_row_costs_what_it_gives():
     _learnt(speculator, fixed=0.0, per_row=0.004)  # a step of 16 rows costs 16 rows: a draft token must be sure
     seqs = [_seq(str(i)) for i in range(16)]
     for _ in range(10):
-        speculator.engine_acceptance.record(4, 3)
+        speculator.engine_acceptance["lookup"].record(4, 3)
     speculator.plan(seqs, {s.request_id: 100 for s in seqs})
     assert all(s.draft == [] for s in seqs)
     assert "not drafting" in speculator.stats().reason
@@ -110,7 +110,7 @@ def test_a_batch_drafts_only_when_every_reply_gains():
     speculator = Speculator("auto")
     _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 40))
     for _ in range(10):
-        speculator.engine_acceptance.record(8, 8)
+        speculator.engine_acceptance["lookup"].record(8, 8)
     seqs = [_seq(str(i)) for i in range(4)]
     speculator.plan(seqs, {s.request_id: 100 for s in seqs})
     assert all(len(s.draft) > 0 for s in seqs)  # cheap rows, right drafts: every reply drafts

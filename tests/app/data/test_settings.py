@@ -75,9 +75,9 @@ def test_the_cpu_settings_keep_what_the_engine_takes_and_nothing_else(tmp_path, 
 def test_the_kv_cache_format_keeps_what_the_engine_takes(tmp_path, saved, kept):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"kv_cache_dtype": saved, "threads": 2}))
-    options = engine_load_options(Settings(path))
+    options = engine_load_options(Settings(path), "default")
     assert options == {"threads": 2, "lower_priority": False, "kv_cache_dtype": kept, "kv_disk_cache": True,
-                       "speculation": "auto"}
+                       "speculation": "auto", "draft_model": None, "draft_quantization": "int4"}
     EngineConfig(**options)
 
 
@@ -85,9 +85,17 @@ def test_the_kv_cache_format_keeps_what_the_engine_takes(tmp_path, saved, kept):
 def test_the_speculation_mode_keeps_what_the_engine_takes(tmp_path, saved, kept):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"speculation": saved}))
-    options = engine_load_options(Settings(path))
+    options = engine_load_options(Settings(path), "default")
     assert options["speculation"] == kept
     assert EngineConfig(**options).speculation == kept
+
+
+@pytest.mark.parametrize(("saved", "draft"), [(True, "some-model"), (False, None), ("yes", None)])
+def test_the_self_draft_setting_loads_the_chat_model_as_int4_beside_it(tmp_path, saved, draft):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"self_draft": saved}))
+    options = engine_load_options(Settings(path), "some-model")
+    assert (options["draft_model"], options["draft_quantization"]) == (draft, "int4")
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "\"settings\"", "{\"theme\": ", "\udcff"])
