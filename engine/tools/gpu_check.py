@@ -108,6 +108,7 @@ def run_parts(part, device: str, sizes: str | None, folder: Path, tokenizer: Pat
     part("layer_outputs", lambda: layer_outputs(device))
     part("parity_float32", lambda: parity_float32(tiny, device))
     part("graphs_parity", lambda: graphs_parity(tiny, device))
+    part("speculation", lambda: speculation(tiny, device))
     part("syncs_per_step", lambda: syncs_per_step(tiny, device))
     part("kv_sizing_and_switches", lambda: kv_sizing_and_switches(tiny, device))
     part("failed_capture_memory", lambda: failed_capture_memory(tiny, device))
@@ -453,6 +454,35 @@ def _graphs_parity_on(model: Path, device: str) -> dict:
         agreed = same == len(want) if dtype == "float32" else all(a[:16] == b[:16] for a, b in zip(got, want))
         if not agreed:
             raise AssertionError(f"{dtype}: greedy replies with graphs differ from eager ones: {got} vs {want}")
+    return result
+
+
+def speculation(model: Path, device: str) -> dict:
+    """Greedy replies with drafts (n-gram lookup forced, and the model's own int4 copy as a draft model) equal
+    those without, and the decode speed of each (float32, CUDA graphs where they run)."""
+    from .. import SamplingParams
+
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    settings = dict(dtype="float32", quantization="none", num_kv_blocks=128)
+    result, replies = {}, {}
+    for mode, extra in (("off", {}), ("ngram", {}), ("draft", {"draft_model": str(model), "draft_quantization": "int4"})):
+        engine = _engine(model, device, speculation=mode, **settings, **extra)
+        engine.generate(PROMPTS, SamplingParams(max_tokens=2, temperature=0.0))  # capture, warm up
+        started = time.perf_counter()
+        outputs = engine.generate(PROMPTS, params)
+        seconds = time.perf_counter() - started
+        replies[mode] = [o.token_ids for o in outputs]
+        spec = engine.stats().speculation
+        result[mode] = {"tokens_per_s": round(sum(len(r) for r in replies[mode]) / seconds, 1),
+                        "drafted": spec.draft_tokens_total, "kept": spec.accepted_draft_tokens_total,
+                        "cuda_graphs": engine.stats().cuda_graphs}
+        del engine
+        _return_memory(device)
+    for mode in ("ngram", "draft"):
+        if replies[mode] != replies["off"]:
+            raise AssertionError(f"greedy replies with {mode} drafts differ: {replies[mode]} vs {replies['off']}")
+    if not result["draft"]["drafted"]:
+        raise AssertionError("the draft model wrote no draft")
     return result
 
 

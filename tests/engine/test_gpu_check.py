@@ -36,6 +36,8 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, tokenizer_dir):
     assert decode["none"]["cuda_graphs"] == 0 and decode["none"]["cuda_graphs_reason"] == "not on the CPU"
     assert "eager_64_chats_tok_s" not in decode["none"]  # graphs off is the same run on the CPU: not repeated
     assert report["graphs_parity"] == {"note": "not on the CPU"}
+    spec = report["speculation"]
+    assert spec["draft"]["drafted"] >= spec["draft"]["kept"] > 0 and spec["off"]["drafted"] == 0
     assert report["failed_capture_memory"] == {"note": "not on the CPU"}
     layers = report["layer_outputs"]
     assert set(layers) == {f"{i}x{o}" for i, o in layer_check.SHAPES["cpu"]}
@@ -44,7 +46,7 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, tokenizer_dir):
     assert {"int4", "w8"} == set(layers["576x1536"])
     # most valuable first, each part timed
     parts = [key for key in report if key not in ("device_asked", "started", "seconds", "failed")]
-    assert parts[:4] == ["environment", "layer_outputs", "parity_float32", "graphs_parity"]
+    assert parts[:5] == ["environment", "layer_outputs", "parity_float32", "graphs_parity", "speculation"]
     assert parts[-1] == "flex_vs_torch" and set(report["seconds"]) == set(parts)
 
 

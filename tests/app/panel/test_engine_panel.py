@@ -369,5 +369,8 @@ def test_the_drafts_row_says_what_speculation_kept_and_why(panel):
     assert label.text() == "off"
     panel.update_stats(fake_stats(speculation=SpeculationStats("auto", False, "measuring", 0, 0, 0, None)))
     assert label.text() == "auto, no draft yet"
+    with_model = SpeculationStats("auto", False, "auto (M (int4)): measuring", 0, 0, 0, None, "M (int4)", 150 * 2**20)
+    panel.update_stats(fake_stats(speculation=with_model))
+    assert label.toolTip() == "Draft model M (int4): 150.0 MiB with its KV cache. auto (M (int4)): measuring"
     panel.update_stats(fake_stats())  # a remote engine says nothing about drafts
     assert label.text() == "–"
