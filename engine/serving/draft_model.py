@@ -33,6 +33,7 @@ from ..step.transfer import to_device
 from .block_manager import BlockManager
 from .kv_cache import KVCache, KVShape
 from .scheduler import Chunk
+from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class _Row:
     """One reply in a draft pass: positions ``[start, end)`` computed, and the draft's length wanted."""
 
     index: int  # the reply's chunk in the step
-    seq: object
+    seq: Sequence
     start: int
     end: int
     length: int
@@ -112,8 +113,9 @@ class DraftModel:
         """Write the draft of each of ``chunks`` in place, as long as its placeholder (what the step has room for,
         see :meth:`.scheduler.Scheduler._schedule_decodes`) or shorter: greedy tokens of the draft model, after
         the positions it has not computed yet. ``budget``: positions the first pass may take in all; a reply
-        further behind than what is left catches up part of the way in this step, without a draft. Returns how many positions the first
-        pass computed beyond each reply's last token and the one before (what catching up took)."""
+        further behind than what is left catches up part of the way in this step, without a draft. Returns how
+        many positions the first pass computed beyond each reply's last token and the one before (what catching
+        up took)."""
         rows = []
         for index, chunk in enumerate(chunks):
             start = self._computed(chunk.seq, blocks)
@@ -126,9 +128,11 @@ class DraftModel:
             chunk.num_tokens = 1 + len(chunk.draft)
         return sum(max(0, row.end - row.start - 2) for row in rows)
 
-    def _computed(self, seq, blocks: BlockManager) -> int:
+    def _computed(self, seq: Sequence, blocks: BlockManager) -> int:
         """Positions of ``seq`` whose draft KV is in place: what the draft computed for it, or the blocks its
         cached prefix brought that the draft computed for another request."""
+        if seq.draft_computed + self.block_size > seq.num_computed_tokens:  # no whole block to look for
+            return min(seq.draft_computed, seq.num_computed_tokens)
         ok = 0
         for block_id in seq.block_table:
             if not blocks.blocks[block_id].draft_ok:

@@ -465,7 +465,8 @@ def speculation(model: Path, device: str) -> dict:
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     settings = dict(dtype="float32", quantization="none", num_kv_blocks=128)
     result, replies = {}, {}
-    for mode, extra in (("off", {}), ("ngram", {}), ("draft", {"draft_model": str(model), "draft_quantization": "int4"})):
+    draft = {"draft_model": str(model), "draft_quantization": "int4"}
+    for mode, extra in (("off", {}), ("ngram", {}), ("draft", draft)):
         engine = _engine(model, device, speculation=mode, **settings, **extra)
         engine.generate(PROMPTS, SamplingParams(max_tokens=2, temperature=0.0))  # capture, warm up
         started = time.perf_counter()

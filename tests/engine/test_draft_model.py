@@ -172,3 +172,21 @@ def test_a_draft_mode_needs_a_draft_model():
 def test_a_missing_draft_model_is_refused_in_words(tiny_llama, tmp_path):
     with pytest.raises(ModelLoadError, match="no model at"):
         _engine(tiny_llama, "draft", draft_model=str(tmp_path / "nowhere"))
+
+
+def test_blocks_read_from_the_disk_tier_are_computed_by_the_draft_before_it_drafts(tiny_llama, tmp_path, monkeypatch):
+    """The disk tier keeps the serving model's KV only: after a restart the draft computes the prompt itself
+    (its first pass starts at 0), and the reply is the same."""
+    monkeypatch.setenv("KVASIR_CACHE_DIR", str(tmp_path / "cache"))
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    first = _engine(tiny_llama, "draft", kv_disk_cache=True)
+    prompt = first.encode_prompt(PROMPTS[1] * 3)
+    before = first.generate([prompt], params)[0]
+    first.close()
+    follow = prompt + list(before.token_ids) + first.encode_prompt(" and more")
+    restarted = _engine(tiny_llama, "draft", kv_disk_cache=True)
+    log = PassLog(restarted.draft)
+    again = restarted.generate([follow], params)[0]
+    assert restarted.stats().disk_cache.hit_tokens_total == again.metrics.cached_prompt_tokens >= 32
+    assert log.passes[0][0] == (0, again.metrics.prompt_tokens + 1)
+    assert again.token_ids == _engine(tiny_llama).generate([follow], params)[0].token_ids
