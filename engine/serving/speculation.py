@@ -10,8 +10,9 @@ as the engine runs:
   over tokens tried (a draft's tokens after its first rejection were never tried), with recent drafts weighing
   most and the engine-wide figure as the prior.
 - **Cost.** What a decode step of ``R`` rows takes (:class:`StepCosts`): a line through the mean time at each row
-  count seen, one for plain steps and one for steps with drafts (which cost a little more than their rows: the
-  rows' sampling and the run's bookkeeping), with a cautious guess at the slope until two row counts are known.
+  count seen, one for plain steps and, per number of replies in the step, one for steps with drafts (which cost
+  more than their rows: the rows' sampling, the run's bookkeeping, and a draft model's passes, one per token of
+  the longest draft), with a cautious guess at the slope until two row counts are known.
 
 In ``auto`` each step ranks the draft tokens on offer by their chance of being kept (the next token of a draft
 whose first ``k`` were kept is kept with probability ``a^(k+1)``) and takes the ``e`` best for the ``e`` that
@@ -130,8 +131,10 @@ class Speculator:
         self.proposer = NgramProposer()
         self.draft_model = draft_model  # the draft model's name, where one is loaded
         self.costs = StepCosts()  # plain decode steps
-        self.lookup_costs = StepCosts()  # decode steps with n-gram drafts
-        self.model_costs = StepCosts()  # decode steps with the draft model's drafts, its passes included
+        # decode steps with drafts, per number of replies in the step: with lookup's drafts, and with the draft
+        # model's (its passes included: one per token of the longest draft, so the replies' count matters)
+        self.lookup_costs: dict[int, StepCosts] = {}
+        self.model_costs: dict[int, StepCosts] = {}
         # kept over tried, per source of drafts ("lookup", "model"): engine-wide (the prior) and per request
         self.engine_acceptance = {source: Acceptance(ENGINE_DECAY) for source in SOURCES}
         self._requests: dict[tuple[str, str], Acceptance] = {}
@@ -210,8 +213,7 @@ class Speculator:
         for extra, (chance, rid) in enumerate(chances, start=1):
             expected[rid] += chance
             with_model = with_model or proposals[rid][1][0] == TO_DRAFT
-            costs = self.model_costs if with_model else self.lookup_costs
-            costs = costs if costs.known else self.costs
+            costs = self._draft_costs(with_model, batch)
             if not costs.measured(batch + extra):  # the line guesses
                 if id(costs) in tried_unmeasured:
                     continue
@@ -234,6 +236,11 @@ class Speculator:
                         f"auto: not drafting (no draft makes every reply {margin:.2f}x as fast; kept lately: "
                         f"{prior:.0%})")
         return lengths
+
+    def _draft_costs(self, with_model: bool, batch: int) -> StepCosts:
+        """What steps of ``batch`` replies with drafts cost, as measured; the plain steps' line until measured."""
+        costs = (self.model_costs if with_model else self.lookup_costs).get(batch)
+        return costs if costs is not None and costs.known else self.costs
 
     def _acceptance(self, source: str, request_id: str) -> Acceptance:
         key = (source, request_id)
@@ -273,7 +280,8 @@ class Speculator:
         if not drafted_rows:
             self.costs.observe(rows, seconds)
         else:
-            (self.model_costs if draft_seconds else self.lookup_costs).observe(rows, seconds)
+            tables = self.model_costs if draft_seconds else self.lookup_costs
+            tables.setdefault(len(chunks), StepCosts()).observe(rows, seconds)
 
     def forget_text(self) -> None:
         """Drop the finished sequences lookup drafts from (a benchmark's repeated rounds would otherwise draft
