@@ -190,3 +190,14 @@ def test_blocks_read_from_the_disk_tier_are_computed_by_the_draft_before_it_draf
     assert restarted.stats().disk_cache.hit_tokens_total == again.metrics.cached_prompt_tokens >= 32
     assert log.passes[0][0] == (0, again.metrics.prompt_tokens + 1)
     assert again.token_ids == _engine(tiny_llama).generate([follow], params)[0].token_ids
+
+
+def test_the_command_line_names_a_draft_model():
+    from engine.tools.cli import build_parser, config_from
+
+    parser = build_parser()
+    config = config_from(parser.parse_args(["serve", "--quant", "none", "--draft-model", "default",
+                                            "--draft-quant", "int4", "--speculation", "draft"]))
+    assert (config.quantization, config.draft_model, config.draft_quantization, config.speculation) == \
+        ("none", "default", "int4", "draft")
+    assert config_from(parser.parse_args(["serve"])).draft_model is None
