@@ -9,7 +9,7 @@ import torch
 from ..config import PACKED_MODES, EngineConfig
 from ..devices import available_memory, resolve_device, resolve_dtype, resolve_quantization
 from ..serving.kv_cache import kv_cache_blocks
-from ..serving.kv_format import KVFormat, choose_kv_format
+from ..serving.kv_format import KVFormat, choose_kv_format, draft_kv_format
 from ..step import attention_plan
 from ..step.block_linear import BLOCK, BLOCK_BYTES, GGUF_KINDS
 from ..step.quantization import packs_output_head, uses_native_blocks
@@ -191,8 +191,7 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     draft = None
     if config.draft_model:
         draft_info, draft_plan, _ = _model_plan(config.draft_model, config.draft_quantization, "auto", device, dtype)
-        same_heads = draft_info.head_dim == info.head_dim
-        draft_kv = kv if same_heads else choose_kv_format("auto", dtype, draft_info.head_dim, device, None)[0]
+        draft_kv = draft_kv_format(kv, info.head_dim, draft_info.head_dim, dtype)
         draft = DraftPlan(f"{draft_info.name} ({draft_plan.quantization})", draft_plan.weight_bytes,
                           kv_bytes_per_token(draft_info, dtype, draft_kv), draft_plan.host_load_bytes)
     return estimate_weights(info, config, plan, device, dtype, reclaimable_bytes, kv, draft)

@@ -31,8 +31,9 @@ from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
 from .draft_model import DraftModel
 from .gpu_usage import GpuMonitor
-from .kv_cache import KVCache, KVShape, kv_cache_blocks, release_pages
+from .kv_cache import KVCache, KVShape, config_head_dim, kv_cache_blocks, release_pages
 from .kv_disk import DiskTier
+from .kv_format import draft_kv_format
 from .metrics import CpuUsage, DiskCacheStats, EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
 from .prompt_encoder import Prompt, PromptEncoder
@@ -97,12 +98,13 @@ class Engine:
         return_freed_memory()  # what reading the files left on the heap
 
     def _draft_kv_shape(self, draft: LoadedModel | None) -> KVShape | None:
-        """The draft model's KV: stored as the serving model's where the head sizes agree, else in its dtype."""
+        """The draft model's KV, in the format :func:`.kv_format.draft_kv_format` gives."""
         if draft is None:
             return None
         shape = KVShape.from_config(draft.model.config, draft.dtype)
-        same_heads = shape.head_dim == KVShape.from_config(self.loaded.model.config, self.loaded.dtype).head_dim
-        return dataclasses.replace(shape, stored_as=self.kv_format) if same_heads else shape
+        serving_head_dim = config_head_dim(self.loaded.model.config)
+        return dataclasses.replace(shape, stored_as=draft_kv_format(self.kv_format, serving_head_dim, shape.head_dim,
+                                                                    draft.dtype))
 
     def _new_scheduler(self) -> None:
         self.block_manager = BlockManager(self.kv_cache.num_blocks, self.block_size, self.config.enable_prefix_caching)

@@ -92,6 +92,13 @@ def choose_kv_format(wanted: str, compute_dtype: torch.dtype, head_dim: int, dev
     return exact, "auto: no smaller format met the thresholds on this model"
 
 
+def draft_kv_format(serving: KVFormat, serving_head_dim: int, draft_head_dim: int,
+                    compute_dtype: torch.dtype) -> KVFormat:
+    """A draft model's KV format (engine/serving/draft_model.py): the serving model's where the head sizes agree
+    (its rules were checked for that size), else the compute dtype."""
+    return serving if draft_head_dim == serving_head_dim else format_for("auto", compute_dtype)
+
+
 # -- writing and reading -----------------------------------------------------------------------------
 
 

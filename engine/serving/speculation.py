@@ -124,6 +124,23 @@ class StepCosts:
         return fixed + per_row * rows
 
 
+class BatchGuess:
+    """What a step of ``batch`` replies with the draft model's drafts is guessed to cost before one is measured: a
+    plain step of the batch, plus what drafts added to one reply's step at the length of the batch's longest draft
+    (the draft model's passes follow it, batched over the replies; the plain steps' line would price each draft
+    row as a reply of its own, which the rows of a reply's draft are not: they share its keys)."""
+
+    def __init__(self, plain: StepCosts, alone: StepCosts, batch: int) -> None:
+        self.plain, self.alone, self.batch = plain, alone, batch
+
+    def measured(self, rows: int) -> bool:
+        return False
+
+    def predict(self, rows: int) -> float:
+        longest = -(-(rows - self.batch) // self.batch)
+        return self.plain.predict(self.batch) + max(0.0, self.alone.predict(1 + longest) - self.plain.predict(1))
+
+
 class Speculator:
     """Sets each decoding request's draft before a step, and learns from what the step kept."""
 
@@ -206,7 +223,7 @@ class Speculator:
         plain_step = self.costs.predict(batch)
         margin = MARGIN if batch == 1 else BATCH_MARGIN
         best, best_gain = 0, margin
-        tried_unmeasured: set[int] = set()  # per cost table, one unmeasured row count at a time
+        chose_unmeasured = False  # one row count not measured yet at a time: the smallest that promises most
         expected = dict.fromkeys(proposals, 1.0)  # tokens each drafting reply expects from the step
         slowest = 1.0 if len(proposals) < batch else None  # a reply without a draft gets one token
         with_model = False  # the step's drafts so far need the draft model's passes
@@ -214,14 +231,13 @@ class Speculator:
             expected[rid] += chance
             with_model = with_model or proposals[rid][1][0] == TO_DRAFT
             costs = self._draft_costs(with_model, batch)
-            if not costs.measured(batch + extra):  # the line guesses
-                if id(costs) in tried_unmeasured:
-                    continue
-                tried_unmeasured.add(id(costs))
+            unmeasured = not costs.measured(batch + extra)  # a line or a guess predicts it
+            if unmeasured and chose_unmeasured:
+                continue
             least = min(min(expected.values()), slowest or float("inf"))
             gain = least * plain_step / costs.predict(batch + extra)  # the slowest reply against a plain step
             if gain > best_gain:
-                best, best_gain = extra, gain
+                best, best_gain, chose_unmeasured = extra, gain, unmeasured
         lengths = dict.fromkeys(proposals, 0)
         for _, rid in chances[:best]:
             lengths[rid] += 1
@@ -237,10 +253,17 @@ class Speculator:
                         f"{prior:.0%})")
         return lengths
 
-    def _draft_costs(self, with_model: bool, batch: int) -> StepCosts:
-        """What steps of ``batch`` replies with drafts cost, as measured; the plain steps' line until measured."""
-        costs = (self.model_costs if with_model else self.lookup_costs).get(batch)
-        return costs if costs is not None and costs.known else self.costs
+    def _draft_costs(self, with_model: bool, batch: int) -> StepCosts | BatchGuess:
+        """What steps of ``batch`` replies with drafts cost, as measured; until then, with the draft model, a guess
+        from one reply's steps (:class:`BatchGuess`), else the plain steps' line."""
+        tables = self.model_costs if with_model else self.lookup_costs
+        costs = tables.get(batch)
+        if costs is not None and costs.known:
+            return costs
+        alone = tables.get(1)
+        if with_model and batch > 1 and alone is not None and alone.known and self.costs.known:
+            return BatchGuess(self.costs, alone, batch)
+        return self.costs
 
     def _acceptance(self, source: str, request_id: str) -> Acceptance:
         key = (source, request_id)

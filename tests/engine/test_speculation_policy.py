@@ -141,18 +141,20 @@ def test_auto_waits_for_a_measured_step_before_drafting():
 def test_draft_steps_measured_for_one_reply_do_not_stand_for_a_batch():
     """With a draft model, a step's passes follow its longest draft, not its rows: one reply drafting eight tokens
     takes eight passes, four replies drafting two each take two. Steps with drafts are measured per number of
-    replies, so a batch that has not drafted yet is judged on the plain steps' line, and tries."""
+    replies; a batch that has not drafted yet is judged by a plain step of the batch plus what one reply's draft
+    of its longest length added (not by the plain line, which prices each draft row as a reply), and tries."""
     speculator = Speculator("auto", draft_model="m")
-    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 12))
-    for rows in range(2, 10):  # one reply with the draft model: every draft token a pass of 6 ms
+    _learnt(speculator, fixed=0.010, per_row=0.005, rows=range(1, 12))  # a reply's row: 5 ms
+    for rows in range(2, 10):  # one reply with the draft model: every draft token a pass and a row, 6 ms
         for _ in range(3):
-            speculator.model_costs.setdefault(1, StepCosts()).observe(rows, 0.010 + 0.006 * (rows - 1))
+            speculator.model_costs.setdefault(1, StepCosts()).observe(rows, 0.015 + 0.006 * (rows - 1))
     for _ in range(10):
         speculator.engine_acceptance["model"].record(5, 4)  # four in five kept
     seqs = [Sequence(str(i), list(range(1000 + 50 * i, 1050 + 50 * i)), 10, SamplingParams(max_tokens=500), 0.0)
             for i in range(4)]  # lookup finds nothing: the draft model's drafts are on offer
     speculator.plan(seqs, {s.request_id: 100 for s in seqs})
     assert all(s.draft and set(s.draft) == {TO_DRAFT} for s in seqs)
+    assert speculator._draft_costs(True, 4).predict(8) == pytest.approx(0.030 + 0.006)  # one pass for the batch
     lone = seqs[:1]
     speculator.plan(lone, {"0": 100})
     assert 0 < len(lone[0].draft) < MAX_DRAFT  # alone, its measured passes cap the draft
