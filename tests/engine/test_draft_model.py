@@ -12,6 +12,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.errors import ModelLoadError
 from engine.models.fit import estimate
 from engine.serving.draft_model import DraftModel
+from tests.helpers.pool import assert_preempted_cached_and_drained
 from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
 
 PROMPTS = [
@@ -76,10 +77,7 @@ def test_chunked_prefill_prefix_hits_and_preemption_change_nothing(tiny_llama):
     engine = _engine(tiny_llama, "draft", **settings)
     drafted = engine.generate(PROMPTS, params) + engine.generate(follow, params)
     _check_same(plain, drafted)
-    stats = engine.stats()
-    assert stats.num_preempted_total > 0 and stats.cached_prompt_tokens_total > 0
-    assert stats.kv_blocks_used == 0 and stats.kv_blocks_used + stats.kv_blocks_cached + stats.kv_blocks_free == \
-        stats.kv_blocks_total
+    assert_preempted_cached_and_drained(engine.stats())
 
 
 class PassLog:

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.step.sampler import Sampler
+from tests.helpers.pool import assert_preempted_cached_and_drained
 from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
 
 PROMPTS = [
@@ -114,10 +115,7 @@ def test_chunked_prefill_prefix_hits_and_preemption_change_nothing(tiny_llama):
     _with_oracle(engine, plain, PROMPTS + follow)
     drafted = engine.generate(PROMPTS, params) + engine.generate(follow, params)
     _check_same(plain, drafted)
-    stats = engine.stats()
-    assert stats.num_preempted_total > 0 and stats.cached_prompt_tokens_total > 0
-    assert stats.kv_blocks_used == 0 and stats.kv_blocks_used + stats.kv_blocks_cached + stats.kv_blocks_free == \
-        stats.kv_blocks_total
+    assert_preempted_cached_and_drained(engine.stats())
 
 
 def test_stops_and_max_tokens_inside_a_drafted_run_end_the_reply_where_they_would(tiny_llama):
