@@ -61,6 +61,17 @@ def tokenizer_mismatch(target, draft) -> str | None:
     return None
 
 
+def load_draft_model(config: EngineConfig, device: torch.device, tokenizer, progress: Progress | None = None
+                     ) -> LoadedModel:
+    """Load ``config``'s draft model; refuses, in words, one whose tokens do not mean the serving model's
+    (``tokenizer``)."""
+    loaded = load_model(draft_config(config), device, attention.ATTENTION_NAME, progress)
+    problem = tokenizer_mismatch(tokenizer, loaded.tokenizer)
+    if problem:
+        raise ModelLoadError(f"{loaded.source.name} cannot draft for this model: {problem}")
+    return loaded
+
+
 @dataclasses.dataclass(slots=True)
 class _Row:
     """One reply in a draft pass: positions ``[start, end)`` computed, and the draft's length wanted."""
@@ -76,23 +87,13 @@ class DraftModel:
     """The draft model, its KV tensors in the serving model's pool, and the passes that write drafts."""
 
     def __init__(self, loaded: LoadedModel, pool: KVCache, shape: KVShape, backend: str, vocab_size: int) -> None:
-        """``loaded`` (see :meth:`load`) with KV tensors of ``shape`` beside every block of the serving model's
-        ``pool``; ``vocab_size``: the serving model's."""
+        """``loaded`` (see :func:`load_draft_model`) with KV tensors of ``shape`` beside every block of the serving
+        model's ``pool``; ``vocab_size``: the serving model's."""
         self.loaded = loaded
         self.block_size = pool.block_size
         self.kv_cache = KVCache(shape, pool.num_blocks, pool.block_size, loaded.device, pool.reserved_blocks)
         self.runner = ModelRunner(loaded.model, self.kv_cache, loaded.device, backend)
         self.vocab_size = vocab_size  # the serving model's: a draft token past it could not be checked
-
-    @classmethod
-    def load(cls, config: EngineConfig, device: torch.device, tokenizer, progress: Progress | None = None
-             ) -> LoadedModel:
-        """Load ``config``'s draft model; refuses, in words, one whose tokens do not mean the serving model's."""
-        loaded = load_model(draft_config(config), device, attention.ATTENTION_NAME, progress)
-        problem = tokenizer_mismatch(tokenizer, loaded.tokenizer)
-        if problem:
-            raise ModelLoadError(f"{loaded.source.name} cannot draft for this model: {problem}")
-        return loaded
 
     @property
     def memory_bytes(self) -> int:

@@ -29,7 +29,7 @@ from ..step.runner import ModelRunner
 from . import priority
 from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
-from .draft_model import DraftModel
+from .draft_model import DraftModel, load_draft_model
 from .gpu_usage import GpuMonitor
 from .kv_cache import KVCache, KVShape, config_head_dim, kv_cache_blocks, release_pages
 from .kv_disk import DiskTier
@@ -73,7 +73,7 @@ class Engine:
         block_size = self.block_size
         self.loaded: LoadedModel = load_model(config, self.device, attention.ATTENTION_NAME, progress)
         self.tokenizer = self.loaded.tokenizer
-        draft = DraftModel.load(config, self.device, self.tokenizer) if config.draft_model else None
+        draft = load_draft_model(config, self.device, self.tokenizer) if config.draft_model else None
         self.max_model_len = self.loaded.max_model_len
         self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype, self.kv_format)

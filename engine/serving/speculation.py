@@ -226,11 +226,12 @@ class Speculator:
         chose_unmeasured = False  # one row count not measured yet at a time: the smallest that promises most
         expected = dict.fromkeys(proposals, 1.0)  # tokens each drafting reply expects from the step
         slowest = 1.0 if len(proposals) < batch else None  # a reply without a draft gets one token
+        tables = {False: self._draft_costs(False, batch), True: self._draft_costs(True, batch)}
         with_model = False  # the step's drafts so far need the draft model's passes
         for extra, (chance, rid) in enumerate(chances, start=1):
             expected[rid] += chance
             with_model = with_model or proposals[rid][1][0] == TO_DRAFT
-            costs = self._draft_costs(with_model, batch)
+            costs = tables[with_model]
             unmeasured = not costs.measured(batch + extra)  # a line or a guess predicts it
             if unmeasured and chose_unmeasured:
                 continue
