@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
-from ..data.settings import DEFAULTS, LOAD_SETTINGS, draft_options, engine_cpu_options, next_text_scale
+from ..data.settings import DEFAULTS, LOAD_SETTINGS, engine_cpu_options, next_text_scale
 from ..dialogs.about import AboutDialog
 from ..dialogs.model_manager import ModelDialog
 from ..dialogs.preferences import PreferencesDialog
@@ -187,8 +187,7 @@ class MainWindow(QMainWindow):
             # the pool is rebuilt (another format, or with or without its disk tier): a reload, asked first where
             # replies are being written
             config = self.bridge.config
-            kv = {key: value for key, value in load_after.items() if key != "self_draft"}
-            self.switcher.reload(dataclasses.replace(config, **kv, **draft_options(self.settings, config.model)))
+            self.switcher.reload(dataclasses.replace(config, **load_after))
         self.apply_theme(self.settings["theme"])
         self.set_text_scale(self.settings["text_scale"], save=False)
         if self.settings["api"] != api_before or self.local_api.error:
