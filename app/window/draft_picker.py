@@ -8,8 +8,8 @@ offered; replies are the same whichever is picked, only their speed and the memo
 
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, Qt, QThreadPool, Signal
-from PySide6.QtWidgets import QComboBox
+from PySide6.QtCore import QObject, QSize, Qt, QThreadPool, Signal
+from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox
 
 from engine.models.draft_candidates import DraftCandidate, draft_candidates
 
@@ -51,7 +51,7 @@ class DraftPicker(QComboBox):
         super().__init__(parent)
         self.setAccessibleName("Draft model")
         self.setToolTip(TIP)
-        self.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        self.currentIndexChanged.connect(lambda _: self.updateGeometry())
         self._question: tuple | None = None
         self._found = _Found()  # no parent: a look still under way when the bar closes answers no one
         self._found.done.connect(self._fill)
@@ -66,6 +66,19 @@ class DraftPicker(QComboBox):
         self._show_only(CHECKING)
         found = self._found
         QThreadPool.globalInstance().start(lambda: found.done.emit(question, _candidates(*question)))
+
+    def sizeHint(self) -> QSize:
+        """As wide as the draft shown; a narrow bar shrinks it to :meth:`minimumSizeHint` (the text elided)."""
+        return QSize(self._width_for(self.currentText()), super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(self._width_for(NO_DRAFT), super().minimumSizeHint().height())
+
+    def _width_for(self, text: str) -> int:
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        contents = QSize(self.fontMetrics().horizontalAdvance(text), self.fontMetrics().height())
+        return self.style().sizeFromContents(QStyle.CT_ComboBox, option, contents, self).width()
 
     def checking(self) -> bool:
         """Whether the drafts are still being looked for."""
@@ -90,6 +103,7 @@ class DraftPicker(QComboBox):
             self.addItem(f"Draft: {self._chosen}", self._chosen)
         self.select(self._chosen)
         self.setEnabled(self.count() > 1)
+        self.view().setMinimumWidth(self.view().sizeHintForColumn(0) + 24)  # the list shows whole names
         self.setToolTip(TIP if self.count() > 1 else f"{NONE_OFFERED} {TIP}")
 
     def select(self, spec: str | None) -> None:

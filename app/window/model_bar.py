@@ -74,7 +74,7 @@ class ModelBar(QWidget):
         self.model_box = QComboBox()
         self.model_box.setToolTip("Model (Ctrl+K)")
         self.model_box.setAccessibleName("Model")
-        self.model_box.setMinimumWidth(220)
+        self.model_box.setMinimumWidth(190)
         self.quant_box = QComboBox()
         self.quant_box.addItems(QUANTIZATIONS)
         self.quant_box.setToolTip("Quantisation. " + AUTO_QUANTIZATION_RULE)
@@ -87,7 +87,7 @@ class ModelBar(QWidget):
         self.progress.hide()
         self.phase = ElidedLabel()  # what the load is doing, beside the bar: a bar's own text is cut to its width
         self.phase.hide()
-        self.device_label = QLabel("loading…")
+        self.device_label = ElidedLabel("loading…")  # the whole text in its tooltip where the bar is narrow
         self.device_label.setObjectName("deviceLabel")
         self.panel_button = QPushButton("Engine panel", checkable=True, checked=True)
         self.panel_button.setToolTip("Show or hide the live engine panel (Ctrl+J)")
@@ -240,10 +240,14 @@ def remember_draft(drafts: dict, key: str, draft: str | None) -> dict:
 class ElidedLabel(QLabel):
     """One line of plain text that ends in "…" where the bar is too narrow for it, rather than being cut."""
 
-    def __init__(self, parent=None) -> None:
-        super().__init__(parent)
+    def __init__(self, text: str = "", parent=None) -> None:
+        super().__init__(text, parent)
         self.setTextFormat(Qt.PlainText)
         self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self.setToolTip(text)
 
     def sizeHint(self) -> QSize:
         return QSize(self.fontMetrics().horizontalAdvance(self.text()) + 4, super().sizeHint().height())
