@@ -28,6 +28,7 @@ DEFAULTS = {
     "kv_cache_dtype": "auto",  # how the KV cache stores keys and values (engine.KV_CACHE_DTYPES); a change reloads
     "kv_disk_cache": True,  # recent conversations' KV blocks kept on disk, read back after a restart
     "speculation": "auto",  # speculative decoding (APP_SPECULATION_MODES); applied at once, no reload
+    "highlight_drafts": False,  # View > Highlight drafted words: replies' words that came from kept drafts
     # per model and quantisation (draft_key): the model loaded beside it, as int4, to write drafts (auto uses them
     # where they pay; the model bar offers the ones that can); a change reloads
     "drafts": {},
@@ -232,7 +233,7 @@ def _valid_value(key: str, value) -> bool:
         return isinstance(value, bool)
     if key == "kv_cache_dtype":
         return value in KV_CACHE_DTYPES
-    if key == "kv_disk_cache":
+    if key in ("kv_disk_cache", "highlight_drafts"):
         return isinstance(value, bool)
     if key == "speculation":
         return value in APP_SPECULATION_MODES
