@@ -107,9 +107,9 @@ def starting_config(args: argparse.Namespace, settings):
     from .data.settings import engine_load_options
 
     last = {} if args.self_test else {key: settings[key] for key in ("model", "quantization", "device")}
-    model = args.model or last.get("model", "default")
-    return EngineConfig(model=model, quantization=args.quant or last.get("quantization", "auto"),
-                        device=args.device or last.get("device", "auto"), **engine_load_options(settings, model))
+    model, quantization = args.model or last.get("model", "default"), args.quant or last.get("quantization", "auto")
+    return EngineConfig(model=model, quantization=quantization, device=args.device or last.get("device", "auto"),
+                        **engine_load_options(settings, model, quantization))
 
 
 def open_for_this_run(self_test: bool):

@@ -18,6 +18,7 @@ SPEAKER = {"user": "#4a7bd0", "assistant": "#3a9a6a"}  # the name over a message
 LINK = ("#1a5fb4", "#8ab4f8")
 CODE_BACKGROUND = ("#f4f4f4", "#272822")
 TABLE_BORDER = ("#cccccc", "#555555")
+DRAFTED = ("#dcefd9", "#2f4a33")  # behind a reply's words that came from kept draft tokens (View > Highlight drafts)
 BANNER = {"background": "#fdecea", "border": "#e0a39c", "text": "#5f2120"}  # the engine has stopped
 SERIES = {  # the panels' charts and plots
     "decode": "#3a7bd5", "prefill": "#e67e22", "kv_usage": "#8e44ad", "ttft": "#c0392b", "queue": "#5f6b7a",

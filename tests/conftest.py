@@ -93,3 +93,17 @@ def tiny_model_dirs(tmp_path_factory, tokenizer_dir):
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_dirs):
     return tiny_model_dirs["llama"]
+
+
+@pytest.fixture(scope="session")
+def other_tokenizer_model(tmp_path_factory, tokenizer_dir):
+    """A tiny llama whose tokenizer has one more token."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("other-tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.add_tokens(["<kvasir-extra>"])
+    changed = tmp_path_factory.mktemp("changed-tokenizer")
+    tokenizer.save_pretrained(changed)
+    write_tiny_model("llama", folder, changed)
+    return folder

@@ -9,6 +9,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine import SamplingParams
 
+from ..data.drafted_spans import KEPT_DRAFT_SPANS
 from ..data.settings import DEFAULTS
 from ..data.store import Message, Status, StoreWriteError
 from .conversations import Conversations
@@ -73,8 +74,13 @@ class ChatController(QObject):
         as stopped, with its text so far, now."""
         for reply_id, (text, last, earlier) in list(self._unfinished.items()):
             self.conversations.finish_message(reply_id, text=text, status=Status.STOPPED, error=None,
-                                              stats=_metrics(last, earlier))
+                                              stats=_metrics(last, earlier, _offset(text, last)))
         self._unfinished.clear()
+
+    def live_kept_drafts(self, reply_id: int) -> list[list[int]]:
+        """The kept drafts' character ranges of a reply being written (empty for any other)."""
+        text, last, earlier = self._unfinished.get(reply_id, ("", None, None))
+        return [] if last is None else kept_draft_spans(last, earlier, _offset(text, last))
 
     def messages_for_model(self, conversation_id: int, next_user_text: str | None = None,
                            skipped: int | None = None) -> list[dict]:
@@ -170,21 +176,37 @@ class ChatController(QObject):
         finally:
             self._unfinished.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
-            metrics = _metrics(last, earlier)
+            metrics = _metrics(last, earlier, _offset(text, last))
             stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
                                                        stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
         return stored
 
 
-def _metrics(out, earlier: dict | None = None) -> dict:
-    """A reply's numbers; for a continued reply, its tokens count both parts."""
+def _metrics(out, earlier: dict | None = None, offset: int = 0) -> dict:
+    """A reply's numbers; for a continued reply (its new part starting at character ``offset``), its tokens count
+    both parts."""
     if out is None:
         return dict(earlier or {})
     earlier = earlier or {}
     counts = {key: earlier.get(key, 0) + getattr(out.metrics, key)
               for key in ("output_tokens", "draft_tokens", "accepted_draft_tokens")}
-    return {**out.metrics.to_dict(), **counts, "finish_reason": out.finish_reason}
+    spans = kept_draft_spans(out, earlier, offset)
+    return {**out.metrics.to_dict(), **counts, "finish_reason": out.finish_reason,
+            **({KEPT_DRAFT_SPANS: spans} if spans else {})}
+
+
+def _offset(text: str, last) -> int:
+    """Where the text of the request behind ``last`` starts in the reply's ``text`` (after a continued reply's
+    earlier part)."""
+    return len(text) - len(last.text) if last is not None else 0
+
+
+def kept_draft_spans(out, earlier: dict | None, offset: int) -> list[list[int]]:
+    """The character ranges of a reply's text that came from kept draft tokens: the earlier part's, then
+    ``out``'s (its text starting at ``offset``)."""
+    return [*(earlier or {}).get(KEPT_DRAFT_SPANS, []),
+            *([start + offset, end + offset] for start, end in out.kept_draft_spans)]
 
 
 def _title_from(text: str) -> str:

@@ -6,6 +6,7 @@ import json
 import math
 import time
 
+from .drafted_spans import KEPT_DRAFT_SPANS, valid_spans
 from .remote_store import SETTING as REMOTE_SETTING
 from .remote_store import RemoteChoice
 from .settings import SAMPLING_KEYS, sampling_problems
@@ -162,6 +163,10 @@ def _check_message(index: int, message) -> None:
         if key == "finish_reason":
             if value not in FINISH_REASONS:
                 raise ConversationImportError(f"{where}: unknown finish reason {value!r}")
+        elif key == KEPT_DRAFT_SPANS:
+            if value and not valid_spans(value):
+                raise ConversationImportError(f"{where}: {KEPT_DRAFT_SPANS} is not a list of [start, end] ranges "
+                                              "in order")
         elif value is not None and not _finite_number(value):
             raise ConversationImportError(f"{where}: the statistic {key!r} is {value!r}, not a finite number")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import CHAT_SAMPLING, DEFAULT_API_HOST, DEFAULT_API_PORT, KV_CACHE_DTYPES, SPECULATION_MODES, SamplingParams
+from engine.models.draft_candidates import DRAFT_QUANTIZATION
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,10 @@ DEFAULTS = {
     "kv_cache_dtype": "auto",  # how the KV cache stores keys and values (engine.KV_CACHE_DTYPES); a change reloads
     "kv_disk_cache": True,  # recent conversations' KV blocks kept on disk, read back after a restart
     "speculation": "auto",  # speculative decoding (APP_SPECULATION_MODES); applied at once, no reload
-    # the chat's model, as int4, loaded beside it to write drafts (auto uses them where they pay); a change reloads
-    "self_draft": False,
+    "highlight_drafts": False,  # View > Highlight drafted words: replies' words that came from kept drafts
+    # per model and quantisation (draft_key): the model loaded beside it, as int4, to write drafts (auto uses them
+    # where they pay; the model bar offers the ones that can); a change reloads
+    "drafts": {},
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
@@ -122,7 +125,9 @@ class Settings:
 
     def _merge(self, saved: dict) -> None:
         for key, value in saved.items():
-            if key == "sampling" and isinstance(value, dict):
+            if key == "drafts" and isinstance(value, dict):
+                self.values["drafts"].update(self._valid_drafts(value))
+            elif key == "sampling" and isinstance(value, dict):
                 known = {k: v for k, v in value.items() if k in SAMPLING_KEYS}
                 self.values["sampling"].update(valid_sampling(known))
             elif key == "api" and isinstance(value, dict):
@@ -131,6 +136,19 @@ class Settings:
                 self.values[key] = value
             elif key in DEFAULTS:
                 log.warning("ignoring the setting %s=%r in %s: not a valid value", key, value, self.path)
+        if saved.get("self_draft") is True:  # an earlier version's "the chat's model drafts for itself"
+            model = self.values["model"]
+            self.values["drafts"].setdefault(draft_key(model, self.values["quantization"]), model)
+
+    def _valid_drafts(self, saved: dict) -> dict:
+        """The draft choices that name a model; the others are dropped (with a logged warning)."""
+        kept = {}
+        for model, draft in saved.items():
+            if isinstance(draft, str) and draft.strip():
+                kept[model] = draft
+            else:
+                log.warning("ignoring the draft model %r for %s in %s: not a model", draft, model, self.path)
+        return kept
 
     def _valid_api(self, saved: dict) -> dict:
         """The endpoint settings of the right type; the others keep their defaults (with a logged warning)."""
@@ -168,21 +186,27 @@ def engine_cpu_options(settings) -> dict:
     return {"threads": None if threads == "auto" else threads, "lower_priority": settings["lower_priority"]}
 
 
-LOAD_SETTINGS = ("kv_cache_dtype", "kv_disk_cache", "self_draft")  # settings the engine takes only at a load
-# the modes Preferences offers: a draft model is the self_draft setting's, and auto uses it
+LOAD_SETTINGS = ("kv_cache_dtype", "kv_disk_cache")  # Preferences' settings the engine takes only at a load
+# the modes Preferences offers: a draft model is chosen in the model bar, and auto uses it
 APP_SPECULATION_MODES = tuple(mode for mode in SPECULATION_MODES if mode != "draft")
 
 
-def engine_load_options(settings, model: str) -> dict:
-    """Every setting of Preferences that an :class:`engine.EngineConfig` for ``model`` takes: the CPU ones, the
-    KV cache's format and disk tier, speculative decoding's mode, and the draft model (``model`` as int4)."""
-    return {**engine_cpu_options(settings), **{key: settings[key] for key in LOAD_SETTINGS if key != "self_draft"},
-            "speculation": settings["speculation"], **draft_options(settings, model)}
+def engine_load_options(settings, model: str, quantization: str) -> dict:
+    """Every setting that an :class:`engine.EngineConfig` for ``model`` in ``quantization`` takes besides those
+    two: the CPU ones, the KV cache's format and disk tier, speculative decoding's mode, and the draft model."""
+    return {**engine_cpu_options(settings), **{key: settings[key] for key in LOAD_SETTINGS},
+            "speculation": settings["speculation"], **draft_options(settings, model, quantization)}
 
 
-def draft_options(settings, model: str) -> dict:
-    """The draft model the settings ask for beside ``model``: itself as int4, or none."""
-    return {"draft_model": model if settings["self_draft"] else None, "draft_quantization": "int4"}
+def draft_key(model: str, quantization: str) -> str:
+    """Where the ``drafts`` setting keeps the draft of ``model`` in ``quantization``: "default@none"."""
+    return f"{model}@{quantization}"
+
+
+def draft_options(settings, model: str, quantization: str) -> dict:
+    """The draft model chosen for ``model`` in ``quantization`` (None: none), as an EngineConfig takes it."""
+    return {"draft_model": settings["drafts"].get(draft_key(model, quantization)),
+            "draft_quantization": DRAFT_QUANTIZATION}
 
 
 def _read_object(path: Path) -> dict:
@@ -209,12 +233,10 @@ def _valid_value(key: str, value) -> bool:
         return isinstance(value, bool)
     if key == "kv_cache_dtype":
         return value in KV_CACHE_DTYPES
-    if key == "kv_disk_cache":
+    if key in ("kv_disk_cache", "highlight_drafts"):
         return isinstance(value, bool)
     if key == "speculation":
         return value in APP_SPECULATION_MODES
-    if key == "self_draft":
-        return isinstance(value, bool)
     if key in ("sampling", "api"):
         return False  # a dict is merged key by key above; anything else is not these settings
     return isinstance(value, str) and bool(value)

@@ -128,22 +128,15 @@ class SpeculationForm(QGroupBox):
             self.mode.addItem(text, mode)
         self.mode.setCurrentIndex(max(0, self.mode.findData(values["speculation"])))
         self.mode.setToolTip("The engine guesses the next few tokens from earlier text (quoted passages, code being "
-                             "edited) and checks them all in one step. A reply is the same either way; auto drafts "
-                             "only while its measurements say replies come faster.")
+                             "edited), or has a draft model chosen in the model bar guess them, and checks them all "
+                             "in one step. A reply is the same either way; auto drafts only while its measurements "
+                             "say replies come faster.")
         self.mode.setAccessibleDescription(self.mode.toolTip())
-        self.self_draft = QCheckBox("Draft with the chat's model at 4 bits (reloads the model)")
-        self.self_draft.setChecked(values["self_draft"])
-        self.self_draft.setToolTip("A 4-bit copy of the model, loaded beside it, writes the drafts: a model kept "
-                                   "at full precision (quantisation none) answers close to 4-bit speed, every "
-                                   "token still its own. Its weights and KV cache take memory of their own; the "
-                                   "panel shows how much.")
-        self.self_draft.setAccessibleDescription(self.self_draft.toolTip())
         form = QFormLayout(self)
         form.addRow("Drafts", self.mode)
-        form.addRow(self.self_draft)
 
     def values(self) -> dict:
-        return {"speculation": self.mode.currentData(), "self_draft": self.self_draft.isChecked()}
+        return {"speculation": self.mode.currentData()}
 
 
 class PreferencesDialog(QDialog):

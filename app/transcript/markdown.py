@@ -17,7 +17,8 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from ..theme import CODE_BACKGROUND, LINK, TABLE_BORDER, for_scheme
+from ..theme import CODE_BACKGROUND, DRAFTED, LINK, TABLE_BORDER, for_scheme
+from . import drafted
 
 _DARK_STYLE, _LIGHT_STYLE = "monokai", "friendly"
 MARKDOWN_LIMIT = 512_000  # characters: a longer message shows as written (parsing it would take seconds)
@@ -91,12 +92,13 @@ class MarkdownRenderer:
 
     def render(self, text: str) -> str:
         """HTML for ``text``; unfinished markdown (an open code fence while streaming) still renders."""
-        return self._tables(self._md.render(text))
+        return self._prose(self._md.render(text))
 
     def segments(self, text: str) -> list[Segment]:
-        """``text`` as HTML chunks and the top-level code blocks and long tables between them, in order."""
+        """``text`` as HTML chunks and the top-level code blocks and long tables between them, in order. Words
+        between :mod:`.drafted`'s markers are highlighted in the HTML, and unmarked everywhere else."""
         if len(text) > MARKDOWN_LIMIT:
-            return [PlainSegment(text)]
+            return [PlainSegment(drafted.strip(text))]
         env: dict = {}
         tokens = self._md.parse(text, env)
         lines = text.splitlines(keepends=True)
@@ -111,7 +113,7 @@ class MarkdownRenderer:
                 pieces += self._flush(run)
                 pieces.append(self._table(block, lines))
             else:
-                run.append(self._tables(self._md.renderer.render(block, self._md.options, env)))
+                run.append(self._prose(self._md.renderer.render(block, self._md.options, env)))
                 if sum(map(len, run)) >= CHUNK_HTML_CHARS:
                     pieces += self._flush(run)
         return pieces + self._flush(run)
@@ -123,8 +125,8 @@ class MarkdownRenderer:
         return [chunk] if chunk else []
 
     def _code(self, token) -> CodeSegment:
-        language = token.info.strip().split(" ")[0] if token.info else ""
-        code = token.content
+        language = drafted.strip(token.info).strip().split(" ")[0] if token.info else ""
+        code = drafted.strip(token.content)
         highlighted = _highlight(code, language, self.dark) if len(code) <= LONG_CODE_CHARS else ""
         return CodeSegment(language, code, highlighted)
 
@@ -132,23 +134,26 @@ class MarkdownRenderer:
         rows, row, header = [], [], ()
         for token in block:
             if token.type == "inline":
-                row.append(self._md.renderer.renderInlineAsText(token.children or [], self._md.options, {}))
+                row.append(drafted.strip(self._md.renderer.renderInlineAsText(token.children or [], self._md.options,
+                                                                              {})))
             elif token.type == "tr_close":
                 rows.append(tuple(row))
                 row = []
             elif token.type == "thead_close":
                 header, rows = rows[0] if rows else (), []
         start, end = block[0].map or (0, 0)
-        return TableSegment(header, tuple(rows), "".join(lines[start:end]))
+        return TableSegment(header, tuple(rows), drafted.strip("".join(lines[start:end])))
 
-    def _tables(self, page: str) -> str:
+    def _prose(self, page: str) -> str:
+        """Rendered HTML with the theme's table borders and the drafted words' highlight."""
         border = for_scheme(TABLE_BORDER, self.dark)
         table = f'<table border="1" cellspacing="0" cellpadding="5" style="border-color:{border}; margin: 4px 0;">'
-        return page.replace("<table>", table)
+        return drafted.markers_to_html(page.replace("<table>", table), for_scheme(DRAFTED, self.dark))
 
     def _link_open(self, renderer, tokens, idx, options, env) -> str:
         # Model text must not reach other URL handlers (files, custom schemes): such links keep their text only.
-        safe = is_safe_link(tokens[idx].attrGet("href") or "")
+        tokens[idx].attrSet("href", drafted.strip(tokens[idx].attrGet("href") or ""))
+        safe = is_safe_link(tokens[idx].attrGet("href"))
         self._dropped_links.append(not safe)
         if not safe:
             return ""
@@ -161,14 +166,14 @@ class MarkdownRenderer:
 
     def _image(self, renderer, tokens, idx, options, env) -> str:
         # Images would make the view load local files or custom URLs; the alt text says what was meant.
-        alt = renderer.renderInlineAsText(tokens[idx].children or [], options, env)
+        alt = drafted.strip(renderer.renderInlineAsText(tokens[idx].children or [], options, env))
         return f"[image: {html.escape(alt)}]" if alt else "[image]"
 
     def _fence(self, token) -> str:
         """A code block inside a list or quote (top-level ones are :class:`CodeSegment`)."""
-        language = token.info.strip().split(" ")[0] if token.info else ""
+        language = drafted.strip(token.info).strip().split(" ")[0] if token.info else ""
         background = for_scheme(CODE_BACKGROUND, self.dark)
-        body = _highlight(token.content, language, self.dark)
+        body = _highlight(drafted.strip(token.content), language, self.dark)
         return (
             f'<table width="100%" cellspacing="0" cellpadding="6" style="background:{background}; margin: 4px 0;">'
             f'<tr><td><pre style="margin:0; font-family: monospace;">{body}</pre></td></tr></table>'

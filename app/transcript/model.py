@@ -12,6 +12,7 @@ from __future__ import annotations
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QObject, Qt
 
 from ..chats.session import ChatSession
+from ..data.drafted_spans import KEPT_DRAFT_SPANS, valid_spans
 from ..data.store import Message
 
 MESSAGE_ROLE = Qt.UserRole + 1  # the stored Message
@@ -62,6 +63,12 @@ class Transcript(QAbstractListModel):
     def text(self, message: Message) -> str:
         """What a message shows: its text so far while it streams, else its stored text."""
         return self.live.get(message.id, message.text)
+
+    def kept_drafts(self, message: Message) -> list[tuple[int, int]]:
+        """The character ranges of a reply's text that came from kept draft tokens, so far while it streams."""
+        if message.id in self.live:
+            return [tuple(span) for span in self.session.controller.live_kept_drafts(message.id)]
+        return valid_spans(message.stats.get(KEPT_DRAFT_SPANS))
 
     # -- following the chats ------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 
 from ..data.store import Message, Status
 from ..theme import MUTED, SPEAKER, WARNING
+from . import drafted
 from .blocks import CodeBlock, PlainBlock, TextBlock, block_class
 from .markdown import MarkdownRenderer, PlainSegment, Segment
 from .render_worker import SYNC_RENDER_CHARS, RenderWorker
@@ -150,15 +151,16 @@ class MessageWidget(QFrame):
     def show_message(self, message: Message, text: str, live: bool, version: tuple[int, int] | None,
                      last: bool) -> None:
         """Everything about the message; does nothing when nothing that shows has changed."""
+        shown = self.view.shown_text(message, text)
         key = (message.text, message.status, message.error, tuple(sorted(message.stats.items())), live, version,
-               last, text if live else None, self.view.renderer.dark)
+               last, shown if live or shown is not text else None, self.view.renderer.dark)
         if key == self.key:
             return
         self.key, self.message = key, message
         who = "You" if message.role == "user" else f"Kvasir · {message.model}" if message.model else "Kvasir"
         color = SPEAKER["user" if message.role == "user" else "assistant"]
         self.header.setText(f'<b style="color:{color};">{html.escape(who)}</b>')
-        self.show_text(text)
+        self.show_text(shown)
         self._show_footer(message, live)
         self._show_buttons(message, live, version, last)
 
@@ -374,6 +376,7 @@ class ChatView(QScrollArea):
         self._follow = True
         self._dirty: set[int] = set()
         self.model = None
+        self.highlight_drafts = False  # View > Highlight drafted words
         self.full_renders = 0  # passes over every message on screen (a new chat, a replaced thread)
         self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._timer.timeout.connect(self._render_streaming)
@@ -393,6 +396,20 @@ class ChatView(QScrollArea):
         self.page.setStyleSheet("")
         self.page.setStyleSheet(style)
         self._render()
+
+    def set_highlight_drafts(self, on: bool) -> None:
+        """Highlight, or not, the words of replies that came from kept draft tokens (speculative decoding)."""
+        if on != self.highlight_drafts:
+            self.highlight_drafts = on
+            self._render()
+
+    def shown_text(self, message: Message, text: str) -> str:
+        """``text`` (``message``'s, or what has arrived of it) as the view shows it: with the words that came from
+        kept drafts marked for the highlight where it is on."""
+        if not self.highlight_drafts or message.role != "assistant" or self.model is None:
+            return text
+        spans = self.model.kept_drafts(message)
+        return drafted.mark(text, spans) if spans else text
 
     def set_text_scale(self, percent: int) -> None:
         """Messages and code blocks at ``percent`` of the normal text size (the numbers under replies a little
@@ -577,7 +594,7 @@ class ChatView(QScrollArea):
         for message_id in self._dirty:
             widget = self._widgets.get(message_id)
             if widget is not None and message_id in self._streaming:
-                changed = widget.show_text(self._streaming[message_id]) or changed
+                changed = widget.show_text(self.shown_text(widget.message, self._streaming[message_id])) or changed
         self._dirty.clear()
         if changed:
             self._chain_focus()  # a new code block's Copy button joins the tab order where it shows

@@ -53,6 +53,7 @@ COMMANDS = (
     Command("text_larger", "Larger text", "&View", ("Ctrl+=", "Ctrl++")),
     Command("text_smaller", "Smaller text", "&View", ("Ctrl+-",)),
     Command("text_reset", "Text size 100 %", "&View", ("Ctrl+0",)),
+    Command("highlight_drafts", "Highlight drafted words", "&View", checkable=True),
     Command("choose_model", "Choose the model", "&Models", ("Ctrl+K",)),
     Command("model_manager", "Model manager…", "&Models", ("Ctrl+M",)),
     Command("remote_servers", "Remote servers…", "&Models"),

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
-from ..data.settings import DEFAULTS, LOAD_SETTINGS, draft_options, engine_cpu_options, next_text_scale
+from ..data.settings import DEFAULTS, LOAD_SETTINGS, engine_cpu_options, next_text_scale
 from ..dialogs.about import AboutDialog
 from ..dialogs.model_manager import ModelDialog
 from ..dialogs.preferences import PreferencesDialog
@@ -108,10 +108,11 @@ class MainWindow(QMainWindow):
 
     def _tab_order(self) -> None:
         """Top bar, sidebar, persona, transcript (its messages chain themselves in after it), composer, panel."""
-        chain = [self.model_bar.model_box, self.model_bar.quant_box, self.model_bar.panel_button,
-                 self.sidebar.new_button, self.sidebar.search, self.sidebar.view, self.pane.persona_button,
-                 self.banner.choose, self.banner.restart, self.chat, self.composer.edit, self.composer.button,
-                 self.panel, self.undo_button]
+        bar = self.model_bar
+        chain = [bar.model_box, bar.quant_box, bar.draft_box, bar.panel_button, self.sidebar.new_button,
+                 self.sidebar.search, self.sidebar.view, self.pane.persona_button, self.banner.choose,
+                 self.banner.restart, self.chat, self.composer.edit, self.composer.button, self.panel,
+                 self.undo_button]
         for first, second in zip(chain, chain[1:]):
             QWidget.setTabOrder(first, second)
 
@@ -130,10 +131,12 @@ class MainWindow(QMainWindow):
             "text_larger": lambda: self.set_text_scale(next_text_scale(self.settings["text_scale"], 1)),
             "text_smaller": lambda: self.set_text_scale(next_text_scale(self.settings["text_scale"], -1)),
             "text_reset": lambda: self.set_text_scale(DEFAULTS["text_scale"]),
+            "highlight_drafts": self.set_highlight_drafts,
             "choose_model": self.choose_model, "model_manager": self.open_model_manager,
             "remote_servers": self.open_remote_servers, "shortcuts": self.show_shortcuts, "about": self.show_about,
         })
         self.commands["toggle_panel"].setChecked(self.model_bar.panel_button.isChecked())
+        self.commands["highlight_drafts"].setChecked(self.settings["highlight_drafts"])
         self.model_bar.panel_button.toggled.connect(self.commands["toggle_panel"].setChecked)
 
     def _connect(self) -> None:
@@ -187,8 +190,7 @@ class MainWindow(QMainWindow):
             # the pool is rebuilt (another format, or with or without its disk tier): a reload, asked first where
             # replies are being written
             config = self.bridge.config
-            kv = {key: value for key, value in load_after.items() if key != "self_draft"}
-            self.switcher.reload(dataclasses.replace(config, **kv, **draft_options(self.settings, config.model)))
+            self.switcher.reload(dataclasses.replace(config, **load_after))
         self.apply_theme(self.settings["theme"])
         self.set_text_scale(self.settings["text_scale"], save=False)
         if self.settings["api"] != api_before or self.local_api.error:
@@ -212,6 +214,13 @@ class MainWindow(QMainWindow):
             self.settings.save()
             self.statusBar().showMessage(f"Text size {percent} %", 2000)
         self.pane.set_text_scale(percent)
+
+    def set_highlight_drafts(self, on: bool) -> None:
+        """Highlight, or not, the words of replies that came from kept draft tokens; remembered."""
+        self.chat.set_highlight_drafts(on)
+        if on != self.settings["highlight_drafts"]:
+            self.settings["highlight_drafts"] = on
+            self.settings.save()
 
     def focus_search(self) -> None:
         self.sidebar.search.setFocus()

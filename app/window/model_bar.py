@@ -1,23 +1,29 @@
-"""The top bar: which model serves, in which quantisation, on which device, and the load under way.
+"""The top bar: which model serves, in which quantisation, with which draft model, on which device, and the load
+under way.
 
 The pickers show what serves: after a failed switch they return to the model that still does, and a
-successful load is remembered (``model``, ``quantization`` and ``device`` in the settings) so the next start
-opens on it. The remote servers' models follow the local ones; while the chat on screen runs on one of them
-(:meth:`ModelBar.show_remote`), the bar shows that model and its server instead.
+successful load is remembered (``model``, ``quantization``, ``device``, and the draft for that model and
+quantisation in ``drafts``) so the next start opens on it. The remote servers' models follow the local ones;
+while the chat on screen runs on one of them (:meth:`ModelBar.show_remote`), the bar shows that model and its
+server instead.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QWidget
 
 from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
+from engine.models.draft_candidates import DRAFT_QUANTIZATION
 
 from ..data.remote_store import RemoteChoice
-from ..data.settings import Settings, engine_load_options
+from ..data.settings import Settings, draft_key, engine_load_options
 from ..engines.bridge import ChatEngine
 from ..engines.remote_engines import RemoteEngines
+from .draft_picker import DraftPicker
 
 REMOTE_ROLE = Qt.UserRole + 1  # a model bar item's RemoteChoice (local items hold their spec in Qt.UserRole)
 
@@ -68,11 +74,12 @@ class ModelBar(QWidget):
         self.model_box = QComboBox()
         self.model_box.setToolTip("Model (Ctrl+K)")
         self.model_box.setAccessibleName("Model")
-        self.model_box.setMinimumWidth(220)
+        self.model_box.setMinimumWidth(190)
         self.quant_box = QComboBox()
         self.quant_box.addItems(QUANTIZATIONS)
         self.quant_box.setToolTip("Quantisation. " + AUTO_QUANTIZATION_RULE)
         self.quant_box.setAccessibleName("Quantisation")
+        self.draft_box = DraftPicker()
         self.progress = QProgressBar(textVisible=True)
         self.progress.setFixedWidth(120)
         self.progress.setFormat("%p%")
@@ -80,13 +87,13 @@ class ModelBar(QWidget):
         self.progress.hide()
         self.phase = ElidedLabel()  # what the load is doing, beside the bar: a bar's own text is cut to its width
         self.phase.hide()
-        self.device_label = QLabel("loading…")
+        self.device_label = ElidedLabel("loading…")  # the whole text in its tooltip where the bar is narrow
         self.device_label.setObjectName("deviceLabel")
         self.panel_button = QPushButton("Engine panel", checkable=True, checked=True)
         self.panel_button.setToolTip("Show or hide the live engine panel (Ctrl+J)")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 0)
-        for widget in (QLabel("Model"), self.model_box, self.quant_box, self.progress, self.phase):
+        for widget in (QLabel("Model"), self.model_box, self.quant_box, self.draft_box, self.progress, self.phase):
             layout.addWidget(widget)
         layout.addStretch(1)
         layout.addWidget(self.device_label)
@@ -95,6 +102,7 @@ class ModelBar(QWidget):
         self._show(settings["model"], settings["quantization"])
         self.model_box.activated.connect(lambda _: self._picked())
         self.quant_box.activated.connect(lambda _: self._picked())
+        self.draft_box.picked.connect(self._draft_picked)
         bridge.load_progress.connect(self._progress)
         bridge.loaded.connect(self._loaded)
         bridge.load_failed.connect(self._load_failed)
@@ -114,6 +122,8 @@ class ModelBar(QWidget):
             add_remote_items(self.model_box, self.remote, self.remote_shown)
         shown = index_of(self.model_box, self.remote_shown) if self.remote_shown else -1
         self.model_box.setCurrentIndex(shown if shown >= 0 else max(0, self.model_box.findData(current)))
+        if self.bridge.serving and self.bridge.config is not None:
+            self._offer_drafts(self.bridge.config)  # the library changed: other models may draft now
 
     def choose(self, spec: str, quantization: str) -> None:
         """Show ``spec`` in ``quantization`` (the model manager's choice) and ask for it."""
@@ -128,6 +138,7 @@ class ModelBar(QWidget):
             self.model_box.setCurrentIndex(index_of(self.model_box, self.remote_shown))
         elif self.serving is not None:
             self._show(*self.serving)
+            self.draft_box.select(self.bridge.config.draft_model if self.bridge.config else None)
         else:  # nothing has loaded yet: the model being loaded, as at the start
             self._show(self.settings["model"], self.settings["quantization"])
 
@@ -135,6 +146,7 @@ class ModelBar(QWidget):
         """The chat on screen runs on ``choice`` (None: on the local engine): show that in the bar."""
         self.remote_shown = choice
         self.quant_box.setEnabled(choice is None)
+        self.draft_box.setVisible(choice is None)
         if choice is not None:
             if index_of(self.model_box, choice) < 0:
                 self.refill()
@@ -155,11 +167,24 @@ class ModelBar(QWidget):
         if choice is not None:
             self.remote_requested.emit(choice)
             return
-        model = self.model_box.currentData()
-        config = EngineConfig(model=model, quantization=self.quant_box.currentText(), device=self.settings["device"],
-                              **engine_load_options(self.settings, model))
+        model, quantization = self.model_box.currentData(), self.quant_box.currentText()
+        self._request(EngineConfig(model=model, quantization=quantization, device=self.settings["device"],
+                                   **engine_load_options(self.settings, model, quantization)))
+
+    def _draft_picked(self, draft: str | None) -> None:
+        """Reload the serving model with ``draft`` beside it (kept as the model's draft once it loads)."""
+        config = self.bridge.config
+        if config is None or draft == config.draft_model:
+            return
+        self._request(dataclasses.replace(config, draft_model=draft, draft_quantization=DRAFT_QUANTIZATION))
+
+    def _request(self, config: EngineConfig) -> None:
         self._show_progress(True)
         self.switch_requested.emit(config)
+
+    def _offer_drafts(self, config: EngineConfig) -> None:
+        specs = [entry.spec for entry in self.library.entries()]
+        self.draft_box.show_for(config.model, config.quantization, specs, config.draft_model, config.device)
 
     def _show_progress(self, shown: bool) -> None:
         self.progress.setVisible(shown)
@@ -181,7 +206,11 @@ class ModelBar(QWidget):
             for key, value in (("model", config.model), ("quantization", config.quantization),
                                ("device", config.device)):
                 self.settings[key] = value
+            self.settings["drafts"] = remember_draft(self.settings["drafts"], draft_key(config.model,
+                                                                                       config.quantization),
+                                                     config.draft_model)
             self.settings.save()
+            self._offer_drafts(config)
         self._stats(stats)
 
     def _load_failed(self, message: str) -> None:
@@ -202,13 +231,23 @@ class ModelBar(QWidget):
         self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")
 
 
+def remember_draft(drafts: dict, key: str, draft: str | None) -> dict:
+    """``drafts`` (the setting) with ``draft`` at ``key`` (:func:`draft_key`), or none."""
+    kept = {name: value for name, value in drafts.items() if name != key}
+    return {**kept, key: draft} if draft else kept
+
+
 class ElidedLabel(QLabel):
     """One line of plain text that ends in "…" where the bar is too narrow for it, rather than being cut."""
 
-    def __init__(self, parent=None) -> None:
-        super().__init__(parent)
+    def __init__(self, text: str = "", parent=None) -> None:
+        super().__init__(text, parent)
         self.setTextFormat(Qt.PlainText)
         self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self.setToolTip(text)
 
     def sizeHint(self) -> QSize:
         return QSize(self.fontMetrics().horizontalAdvance(self.text()) + 4, super().sizeHint().height())

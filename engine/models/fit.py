@@ -187,17 +187,17 @@ def estimate(config: EngineConfig, reclaimable_bytes: int = 0) -> FitEstimate:
     """
     device, _ = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    info, plan, kv = _model_plan(config.model, config.quantization, config.kv_cache_dtype, device, dtype)
+    info, plan, kv = model_plan(config.model, config.quantization, config.kv_cache_dtype, device, dtype)
     draft = None
     if config.draft_model:
-        draft_info, draft_plan, _ = _model_plan(config.draft_model, config.draft_quantization, "auto", device, dtype)
+        draft_info, draft_plan, _ = model_plan(config.draft_model, config.draft_quantization, "auto", device, dtype)
         draft_kv = draft_kv_format(kv, info.head_dim, draft_info.head_dim, dtype)
         draft = DraftPlan(f"{draft_info.name} ({draft_plan.quantization})", draft_plan.weight_bytes,
                           kv_bytes_per_token(draft_info, dtype, draft_kv), draft_plan.host_load_bytes)
     return estimate_weights(info, config, plan, device, dtype, reclaimable_bytes, kv, draft)
 
 
-def _model_plan(model: str, quantization: str, kv_cache_dtype: str, device: torch.device, dtype: torch.dtype
+def model_plan(model: str, quantization: str, kv_cache_dtype: str, device: torch.device, dtype: torch.dtype
                 ) -> tuple[ModelInfo, WeightPlan, KVFormat]:
     """A model's description from its headers, how its weights will be held, and its KV cache's format."""
     source = resolve_source(model)

@@ -25,6 +25,7 @@ import torch
 
 from ..config import EngineConfig
 from ..errors import ModelLoadError
+from ..models.draft_candidates import tokenizer_mismatch
 from ..models.loader import LoadedModel, Progress, load_model
 from ..step import attention
 from ..step.attention import SequenceSlice, build_metadata
@@ -46,19 +47,6 @@ def draft_config(config: EngineConfig) -> EngineConfig:
     """The configuration the draft model loads with: the serving one's, with the draft's model and quantisation."""
     return dataclasses.replace(config, model=config.draft_model, quantization=config.draft_quantization,
                                draft_model=None, speculation="off")
-
-
-def tokenizer_mismatch(target, draft) -> str | None:
-    """Why ``draft``'s tokens would not mean the same as ``target``'s (None: they do). The two vocabularies must
-    be the same, token for token, and so must the end-of-text token."""
-    target_vocab, draft_vocab = target.get_vocab(), draft.get_vocab()
-    if target_vocab != draft_vocab:
-        differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
-        return (f"its tokenizer is not the serving model's ({len(draft_vocab):,} tokens against "
-                f"{len(target_vocab):,}, {differing:,} entries differ)")
-    if target.eos_token_id != draft.eos_token_id:
-        return f"its end-of-text token is {draft.eos_token_id}, the serving model's is {target.eos_token_id}"
-    return None
 
 
 def load_draft_model(config: EngineConfig, device: torch.device, tokenizer, progress: Progress | None = None

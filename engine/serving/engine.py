@@ -611,9 +611,13 @@ class Engine:
             self.counters.record_token_gap(now, now - seq.last_token_time)
         seq.last_token_time = now
         detok = self._detokenizers[seq.request_id]
+        kept = len(tokens) - 1  # a run is the kept draft tokens, then the model's own next token
         for count, token in enumerate(tokens, start=1):
             seq.token_ids.append(token)
+            before = len(detok.text)
             reason = self._finish_reason(seq, token, detok)
+            if count <= kept:
+                seq.mark_kept_draft(before, len(detok.text))
             if reason:
                 return self._finish(seq, reason, None, report=False, new_tokens=tokens[:count])
         return self._output(seq, tokens, detok.release())
@@ -672,6 +676,8 @@ class Engine:
             finish_reason=seq.finish_reason,
             error=seq.error,
             metrics=RequestMetrics.of(seq),
+            kept_draft_spans=tuple((start, min(end, len(text))) for start, end in seq.kept_draft_spans
+                                   if start < len(text)),
         )
 
 

@@ -20,3 +20,5 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
     error: str | None
     metrics: RequestMetrics
+    # [start, end) ranges of ``text`` that came from kept draft tokens (speculative decoding), in order
+    kept_draft_spans: tuple[tuple[int, int], ...] = ()

@@ -40,6 +40,17 @@ class Sequence:
     draft_tokens: int = 0  # proposed and computed, over the whole reply
     accepted_draft_tokens: int = 0  # ... of which the model kept
     draft_computed: int = 0  # leading positions whose KV the draft model has in place (.draft_model)
+    # [start, end) character ranges of the reply's text that came from kept draft tokens, in order, touching ones
+    # joined (the transcript can highlight them)
+    kept_draft_spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def mark_kept_draft(self, start: int, end: int) -> None:
+        """Characters ``[start, end)`` of the reply's text came from a kept draft token."""
+        if end <= start:
+            return
+        if self.kept_draft_spans and self.kept_draft_spans[-1][1] == start:
+            start = self.kept_draft_spans.pop()[0]
+        self.kept_draft_spans.append((start, end))
 
     @property
     def num_tokens(self) -> int:

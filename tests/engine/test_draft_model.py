@@ -13,7 +13,7 @@ from engine.errors import ModelLoadError
 from engine.models.fit import estimate
 from engine.serving.draft_model import DraftModel
 from tests.helpers.pool import assert_preempted_cached_and_drained
-from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
+from tests.helpers.tiny_models import ARCHITECTURES
 
 PROMPTS = [
     "one two three four one two three four one two three",
@@ -132,20 +132,6 @@ def test_the_draft_is_in_the_fit_estimate_and_the_memory_figures(tiny_llama):
     assert stats.kv_cache_memory_bytes == 2 * engine.kv_cache.memory_bytes
     assert stats.model_memory_bytes == plain_stats.model_memory_bytes + engine.draft.loaded.memory_bytes
     assert stats.speculation.draft_memory_bytes == engine.draft.loaded.memory_bytes + engine.kv_cache.memory_bytes
-
-
-@pytest.fixture(scope="module")
-def other_tokenizer_model(tmp_path_factory, tokenizer_dir):
-    """A tiny llama whose tokenizer has one more token."""
-    from transformers import AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("other-tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    tokenizer.add_tokens(["<kvasir-extra>"])
-    changed = tmp_path_factory.mktemp("changed-tokenizer")
-    tokenizer.save_pretrained(changed)
-    write_tiny_model("llama", folder, changed)
-    return folder
 
 
 def test_a_draft_with_another_tokenizer_is_refused_in_words(tiny_llama, other_tokenizer_model):

@@ -85,6 +85,36 @@ def test_greedy_replies_are_the_same_with_drafts(tiny_model_dirs, arch):
     assert _drafted(plain) == (0, 0)
 
 
+def test_the_text_of_kept_draft_tokens_is_marked(tiny_llama):
+    """Each step's run is its kept draft tokens and then the model's own token: the reply marks the characters of
+    the kept ones, touching ranges joined, the model's own never."""
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = _engine(tiny_llama).generate(PROMPTS, params)
+    assert all(o.kept_draft_spans == () for o in plain)
+    engine = _engine(tiny_llama, "ngram")
+    _with_oracle(engine, plain, PROMPTS)
+    runs, append_run = {}, engine._append_run
+    engine._append_run = lambda seq, tokens, now: runs.setdefault(seq.request_id, []).append(list(tokens)) or \
+        append_run(seq, tokens, now)
+    drafted = engine.generate(PROMPTS, params)
+    decode = engine.tokenizer.decode
+    for out in drafted:
+        expected, done = [], []
+        for run in runs[out.request_id]:
+            for position, token in enumerate(run):
+                start = len(decode(done, skip_special_tokens=True))
+                done.append(token)
+                if position < len(run) - 1:
+                    end = len(decode(done, skip_special_tokens=True))
+                    if expected and expected[-1][1] == start:
+                        start = expected.pop()[0]
+                    expected.append((start, end))
+        assert list(out.kept_draft_spans) == expected
+        marked = sum(end - start for start, end in out.kept_draft_spans)
+        assert marked < len(out.text)
+    assert sum(len(o.kept_draft_spans) for o in drafted) > 0
+
+
 @pytest.fixture(scope="module")
 def echo_llama(tmp_path_factory, tokenizer_dir):
     """A tiny llama whose output head is its embedding: it would say its last token for ever, so a repetition

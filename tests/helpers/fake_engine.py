@@ -37,9 +37,10 @@ class FakeBridge(QObject):
     stats_updated = Signal(object)
     engine_failed = Signal(str)
 
-    def __init__(self, words=WORDS, finish_reason="stop") -> None:
+    def __init__(self, words=WORDS, finish_reason="stop", kept_words: frozenset[int] = frozenset()) -> None:
         super().__init__()
         self.words, self.finish_reason = list(words), finish_reason
+        self.kept_words = kept_words  # the words that came from kept drafts (RequestOutput.kept_draft_spans)
         self.ready, self.loading, self.serving = True, False, True
         self.config = None
         self.failure: str | None = None
@@ -125,7 +126,7 @@ class FakeBridge(QObject):
         return FakeStream(f"fake-{self.streams}", self._stream())
 
     async def _stream(self):
-        text = ""
+        text, spans = "", []
         for i, word in enumerate(self.words):
             if self.gate is not None and i == 2:
                 await self.gate.wait()
@@ -133,8 +134,10 @@ class FakeBridge(QObject):
             if self.failure is not None:
                 raise EngineDeadError(self.failure)
             text += ("" if i == 0 else " ") + word
+            if i in self.kept_words and word:
+                spans.append((len(text) - len(word), len(text)))
             last = i == len(self.words) - 1
-            yield _output(text, i + 1, self.finish_reason if last else None)
+            yield _output(text, i + 1, self.finish_reason if last else None, tuple(spans))
 
 
 class FakeStream:
@@ -148,8 +151,8 @@ class FakeStream:
         return self._outputs
 
 
-def _output(text: str, n: int, reason: str | None) -> RequestOutput:
+def _output(text: str, n: int, reason: str | None, kept_draft_spans=()) -> RequestOutput:
     metrics = RequestMetrics(queue_time_s=0.001, ttft_s=0.05, prompt_tokens=40, cached_prompt_tokens=32,
                              output_tokens=n, decode_tokens_per_s=25.0 if n > 1 else None)
     return RequestOutput("fake", text, list(range(n)), text.split(" ")[-1], [n], reason is not None, reason, None,
-                         metrics)
+                         metrics, kept_draft_spans)

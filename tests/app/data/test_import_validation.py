@@ -13,7 +13,8 @@ def export(store):
     """A valid export of a two-branch conversation, as a dict to spoil."""
     conv = store.create_conversation("Trip", settings={"temperature": 0.3, "skip_messages": 0})
     q = store.add_message(conv.id, "user", "Where to?")
-    store.add_message(conv.id, "assistant", "Norway.", parent_id=q.id, stats={"ttft_s": 0.1})
+    store.add_message(conv.id, "assistant", "Norway.", parent_id=q.id,
+                      stats={"ttft_s": 0.1, "kept_draft_spans": [[0, 3], [4, 6]]})
     store.add_message(conv.id, "assistant", "Iceland.", parent_id=q.id, status="stopped")
     data = json.loads(to_json(store, conv.id))
     store.delete_conversation(conv.id)
@@ -45,6 +46,8 @@ def test_a_valid_export_imports_every_branch_with_the_head(store, export):
     assert [m.text for m in store.thread(conv_id)] == ["Where to?", "Iceland."]
     assert sorted(m.text for m in store.all_messages(conv_id)) == ["Iceland.", "Norway.", "Where to?"]
     assert store.conversation(conv_id).settings == {"temperature": 0.3, "skip_messages": 0}
+    norway = next(m for m in store.all_messages(conv_id) if m.text == "Norway.")
+    assert norway.stats["kept_draft_spans"] == [[0, 3], [4, 6]]  # the drafted words' highlight comes along
 
 
 @pytest.mark.parametrize(("path", "value", "reason"), [
@@ -55,6 +58,8 @@ def test_a_valid_export_imports_every_branch_with_the_head(store, export):
     (("messages", 1, "parent"), 12345, "which is not in the file"),
     (("messages", 1, "created"), math.nan, "not a number JSON allows"),
     (("messages", 1, "stats"), {"ttft_s": "fast"}, "'ttft_s' is 'fast'"),
+    (("messages", 1, "stats"), {"kept_draft_spans": [[4, 6], [0, 3]]}, "kept_draft_spans is not a list"),
+    (("messages", 1, "stats"), {"kept_draft_spans": [[0, "3"]]}, "kept_draft_spans is not a list"),
     (("messages", 1, "id"), "one", "'id' is str"),
     (("messages", 0, "id"), True, "'id' is bool"),
     (("messages",), {"a": 1}, "'messages' is missing or not a list"),

@@ -75,7 +75,7 @@ def test_the_cpu_settings_keep_what_the_engine_takes_and_nothing_else(tmp_path, 
 def test_the_kv_cache_format_keeps_what_the_engine_takes(tmp_path, saved, kept):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"kv_cache_dtype": saved, "threads": 2}))
-    options = engine_load_options(Settings(path), "default")
+    options = engine_load_options(Settings(path), "default", "auto")
     assert options == {"threads": 2, "lower_priority": False, "kv_cache_dtype": kept, "kv_disk_cache": True,
                        "speculation": "auto", "draft_model": None, "draft_quantization": "int4"}
     EngineConfig(**options)
@@ -85,17 +85,29 @@ def test_the_kv_cache_format_keeps_what_the_engine_takes(tmp_path, saved, kept):
 def test_the_speculation_mode_keeps_what_the_engine_takes(tmp_path, saved, kept):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"speculation": saved}))
-    options = engine_load_options(Settings(path), "default")
+    options = engine_load_options(Settings(path), "default", "auto")
     assert options["speculation"] == kept
     assert EngineConfig(**options).speculation == kept
 
 
-@pytest.mark.parametrize(("saved", "draft"), [(True, "some-model"), (False, None), ("yes", None)])
-def test_the_self_draft_setting_loads_the_chat_model_as_int4_beside_it(tmp_path, saved, draft):
+def test_a_draft_model_is_kept_per_model_and_quantisation(tmp_path):
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"self_draft": saved}))
-    options = engine_load_options(Settings(path), "some-model")
-    assert (options["draft_model"], options["draft_quantization"]) == (draft, "int4")
+    path.write_text(json.dumps({"drafts": {"default@none": "default", "big@int8": "small", "bad@none": 3,
+                                           "empty@none": " "}}))
+    settings = Settings(path)
+    assert settings["drafts"] == {"default@none": "default", "big@int8": "small"}  # the bad ones dropped
+    for model, quantization, draft in (("default", "none", "default"), ("default", "int4", None),
+                                       ("big", "int8", "small"), ("small", "int8", None)):
+        options = engine_load_options(settings, model, quantization)
+        assert (options["draft_model"], options["draft_quantization"]) == (draft, "int4")
+        assert EngineConfig(model=model, quantization=quantization, **options).draft_model == draft
+
+
+@pytest.mark.parametrize(("saved", "drafts"), [(True, {"m@none": "m"}), (False, {}), ("yes", {})])
+def test_an_earlier_versions_self_draft_becomes_the_served_models_draft(tmp_path, saved, drafts):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"self_draft": saved, "model": "m", "quantization": "none"}))
+    assert Settings(path)["drafts"] == drafts
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "\"settings\"", "{\"theme\": ", "\udcff"])

@@ -100,21 +100,6 @@ def test_the_speculation_mode_is_saved_and_given_to_the_engine_at_once(window, a
     assert saved(window)["speculation"] == "off" and bridge.speculation == "off"
 
 
-def test_drafting_with_the_chat_model_at_4_bits_reloads_it_with_its_int4_copy_beside_it(window, answer, qloop):
-    from engine import EngineConfig
-
-    window.bridge.config = EngineConfig(model="default", quantization="none")
-    answer(window, lambda d: d.speculation.self_draft.setChecked(True))
-    assert saved(window)["self_draft"] is True
-    qloop.run_until_complete(asyncio.sleep(0))  # the switch's task runs
-    config = window.bridge.config
-    assert (config.model, config.quantization, config.draft_model, config.draft_quantization) == \
-        ("default", "none", "default", "int4")
-    answer(window, lambda d: d.speculation.self_draft.setChecked(False))
-    qloop.run_until_complete(asyncio.sleep(0))
-    assert window.bridge.config.draft_model is None and window.bridge.config.quantization == "none"
-
-
 def test_the_cpu_form_shows_what_was_saved():
     from app.dialogs.preferences import AUTO_THREADS, CpuForm
 

@@ -173,6 +173,17 @@ def check_text_reset(qtbot, window, loop, monkeypatch, keys):
     assert window.settings["text_scale"] == DEFAULTS["text_scale"] == 100
 
 
+def check_highlight_drafts(qtbot, window, loop, monkeypatch, keys):
+    window.commands["highlight_drafts"].trigger()  # a menu command without keys of its own
+    assert window.chat.highlight_drafts and window.settings["highlight_drafts"]
+    window.commands["highlight_drafts"].trigger()
+    assert not window.chat.highlight_drafts and not window.settings["highlight_drafts"]
+
+
+def test_the_highlight_command_turns_the_highlight_on_and_off(qtbot, window, qloop, monkeypatch):
+    check_highlight_drafts(qtbot, window, qloop, monkeypatch, ())
+
+
 def check_choose_model(qtbot, window, loop, monkeypatch, keys):
     press(qtbot, window, keys)
     box = window.model_bar.model_box
