@@ -1,7 +1,8 @@
 """Speculative decoding against plain decoding, side by side in one run: three workloads x {off, ngram, auto}, one
 chat and four, on the default model, greedy; the same with a draft model (the default model at full precision,
 ``none``, with its own int4 copy drafting: {off, draft, auto}, beside the int4 model alone); and llama-server
-with and without its own n-gram speculation on the same one-chat prompts, where ``make peers`` has built it.
+on the same one-chat prompts, where ``make peers`` has built it: with and without its own n-gram speculation, and
+the same pair as it runs it (the file's weights as float32, with the 4-bit file drafting: ``--model-draft``).
 
 Workloads: (1) rewrite a given 300-line Python file with one function renamed; (2) summarise a given text of
 about 1,500 tokens quoting its key sentences; (3) a free story. Each reply is ``REPLY_TOKENS`` tokens. The
@@ -27,6 +28,7 @@ CHATS = (1, 4)
 REPLY_TOKENS = 192
 ROUNDS = 5
 DRAFT_ROUNDS = 3  # the unquantised model is slow on a CPU: fewer rounds of the draft-model pair
+LLAMA_DRAFT_MAX = 16  # llama-server's longest draft for the pair (its default, 3, is for larger targets)
 WARM_TOKENS = 4  # tokens of each reply before the timed rounds: the draft model catches up a long prompt in two
 RENAMES = (("_forget", "_drop_entry"), ("_remember", "_note_entry"), ("_parse_name", "_split_name"),
            ("_used_at", "_last_use_of"))
@@ -122,11 +124,14 @@ def _measure(modes: dict, rounds: int, reply_tokens: int, progress, compared=MOD
     return rows
 
 
-def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = ROUNDS, progress=print) -> list[dict] | None:
-    """llama-server on the same GGUF file and one-chat prompts, with and without ``--spec-type ngram-simple``;
-    None where it is not built."""
+def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = ROUNDS, progress=print,
+                  draft_rounds: int | None = DRAFT_ROUNDS) -> list[dict] | None:
+    """llama-server on the same GGUF file and one-chat prompts, with and without ``--spec-type ngram-simple``; and
+    (unless ``draft_rounds`` is None) the draft-model pair as llama.cpp runs it: the file's weights as float32
+    alone (``off``) and with the 4-bit file drafting (``draft``, ``--model-draft``). None where it is not built."""
     from ..models.sources import default_model_path
     from . import peers
+    from .float_gguf import float32_copy
 
     if peers.find_tool("llama-server") is None:
         return None
@@ -136,22 +141,40 @@ def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = ROUNDS, progre
     prompts = {name: tokenizer_engine.encode_prompt(chat[0])
                for name, chat in workloads(1, tokenizer_engine.tokenizer).items()}
     del tokenizer_engine
+    model = default_model_path()
+    runs = [("int4", model, "off", (), rounds), ("int4", model, "ngram", ("--spec-type", "ngram-simple"), rounds)]
+    if draft_rounds is not None:
+        full = float32_copy(model, peers.cache_root() / "models")
+        runs += [("none", full, "off", (), draft_rounds),
+                 ("none", full, "draft", ("--model-draft", str(model), "--spec-draft-n-max", str(LLAMA_DRAFT_MAX)),
+                  draft_rounds)]
     rows = []
-    for mode, extra in (("off", ()), ("ngram", ("--spec-type", "ngram-simple"))):
-        with peers.server(default_model_path(), extra_args=extra) as server:
+    for precision, path, mode, extra, times in runs:
+        with peers.server(path, extra_args=extra) as server:
             for name, ids in prompts.items():
                 server.complete(ids, 1)  # the prompt, into its cache
-                best = min((server.complete(ids, reply_tokens) for _ in range(rounds)), key=lambda r: r["seconds"])
-                rows.append({"workload": name, "chats": 1, "mode": mode,
+                best = min((server.complete(ids, reply_tokens) for _ in range(times)), key=lambda r: r["seconds"])
+                rows.append({"workload": name, "chats": 1, "precision": precision, "mode": mode,
                              "tokens_per_s": len(best["tokens"]) / best["seconds"]})
-                progress(f"llama-server {name}, {mode}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+                progress(f"llama-server {name}, {precision} {mode}: {rows[-1]['tokens_per_s']:.1f} tok/s")
     return rows
+
+
+def _rate(rows: list[dict] | None, workload: str, chats: int, mode: str, precision: str | None = None
+          ) -> float | None:
+    return next((r["tokens_per_s"] for r in rows or () if (r["workload"], r["chats"], r["mode"]) ==
+                 (workload, chats, mode) and r.get("precision", precision) == precision), None)
+
+
+def _peer_cells(llama: list[dict] | None, workload: str, chats: int, precision: str, mode: str) -> list[str]:
+    """llama-server's plain rate and its rate with ``mode``'s drafts (as a ratio to its plain one)."""
+    off, spec = _rate(llama, workload, chats, "off", precision), _rate(llama, workload, chats, mode, precision)
+    return [f"{off:.1f}" if off else "–", f"{spec:.1f} ({spec / off:.2f}x)" if off and spec else "–"]
 
 
 def markdown_table(kvasir: list[dict], llama: list[dict] | None) -> str:
     def rate(rows, workload, chats, mode):
-        return next((r["tokens_per_s"] for r in rows or () if (r["workload"], r["chats"], r["mode"]) ==
-                     (workload, chats, mode)), None)
+        return _rate(rows, workload, chats, mode, "int4" if rows is llama else None)
 
     lines = ["| workload | chats | off tok/s | ngram | auto | drafted tokens kept (ngram) | "
              "llama-server off | llama-server ngram-simple |",
@@ -165,21 +188,20 @@ def markdown_table(kvasir: list[dict], llama: list[dict] | None) -> str:
                 value = rate(kvasir, workload, chats, mode)
                 cells.append(f"{value:.1f} ({value / off:.2f}x)")
             kept = f"{ngram_row['kept']}/{ngram_row['drafted']}" if ngram_row["drafted"] else "–"
-            peer_off, peer_spec = rate(llama, workload, chats, "off"), rate(llama, workload, chats, "ngram")
-            peer = [f"{peer_off:.1f}" if peer_off else "–",
-                    f"{peer_spec:.1f} ({peer_spec / peer_off:.2f}x)" if peer_off and peer_spec else "–"]
+            peer = _peer_cells(llama, workload, chats, "int4", "ngram")
             lines.append(f"| {workload} | {chats} | {' | '.join(cells)} | {kept} | {' | '.join(peer)} |")
     return "\n".join(lines)
 
 
-def draft_model_table(rows: list[dict]) -> str:
+def draft_model_table(rows: list[dict], llama: list[dict] | None = None) -> str:
     """The draft-model pair: the unquantised model alone, with its int4 copy drafting (forced and auto), and the
-    int4 model alone."""
+    int4 model alone; llama-server's float32 file alone and with the 4-bit file drafting."""
     def row(workload, chats, mode):
         return next(r for r in rows if (r["workload"], r["chats"], r["mode"]) == (workload, chats, mode))
 
-    lines = ["| workload | chats | none, off tok/s | none + int4 draft | auto | drafted tokens kept | int4 alone |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| workload | chats | none, off tok/s | none + int4 draft | auto | drafted tokens kept | int4 alone | "
+             "llama-server F32 | llama-server F32 + Q4_1 draft |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for workload in ("rewrite", "summarise", "story"):
         for chats in CHATS:
             off = row(workload, chats, "off")["tokens_per_s"]
@@ -189,6 +211,7 @@ def draft_model_table(rows: list[dict]) -> str:
                 cells.append(f"{value:.1f} ({value / off:.2f}x)")
             forced = row(workload, chats, "draft")
             cells.insert(3, f"{forced['kept']}/{forced['drafted']}" if forced["drafted"] else "–")
+            cells += _peer_cells(llama, workload, chats, "none", "draft")
             lines.append(f"| {workload} | {chats} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -204,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
 
     kvasir = measure_kvasir(args.rounds, args.tokens)
     drafted = [] if args.no_draft_model else measure_draft_model(min(args.rounds, DRAFT_ROUNDS), args.tokens)
-    llama = None if args.no_llama else measure_llama(args.tokens, args.rounds)
+    llama = None if args.no_llama else measure_llama(args.tokens, args.rounds,
+                                                     draft_rounds=None if args.no_draft_model else DRAFT_ROUNDS)
     table = markdown_table(kvasir, llama)
     print(table)
-    draft_table = draft_model_table(drafted) if drafted else ""
+    draft_table = draft_model_table(drafted, llama) if drafted else ""
     print(draft_table)
     differing = [r for r in kvasir + drafted if not r["same_as_off"]]
     for row in differing:

@@ -24,8 +24,9 @@ def test_the_table_gives_each_mode_against_off_and_the_peer():
     rows = [{"workload": w, "chats": c, "mode": m, "tokens_per_s": {"off": 40.0, "ngram": 80.0, "auto": 60.0}[m],
              "drafted": 100 if m != "off" else 0, "kept": 90 if m != "off" else 0, "same_as_off": True}
             for w in ("rewrite", "summarise", "story") for c in CHATS for m in MODES]
-    peer = [{"workload": "rewrite", "chats": 1, "mode": "off", "tokens_per_s": 50.0},
-            {"workload": "rewrite", "chats": 1, "mode": "ngram", "tokens_per_s": 45.0}]
+    peer = [{"workload": "rewrite", "chats": 1, "precision": "int4", "mode": "off", "tokens_per_s": 50.0},
+            {"workload": "rewrite", "chats": 1, "precision": "int4", "mode": "ngram", "tokens_per_s": 45.0},
+            {"workload": "rewrite", "chats": 1, "precision": "none", "mode": "off", "tokens_per_s": 20.0}]
     lines = markdown_table(rows, peer).splitlines()
     assert lines[2] == "| rewrite | 1 | 40.0 | 80.0 (2.00x) | 60.0 (1.50x) | 90/100 | 50.0 | 45.0 (0.90x) |"
     assert lines[3] == "| rewrite | 4 | 40.0 | 80.0 (2.00x) | 60.0 (1.50x) | 90/100 | – | – |"
@@ -37,6 +38,32 @@ def test_the_draft_model_table_gives_each_mode_against_the_unquantised_model_alo
     rows = [{"workload": w, "chats": c, "mode": m, "tokens_per_s": speeds[m], "drafted": 300 if m == "draft" else 0,
              "kept": 250 if m == "draft" else 0, "same_as_off": True}
             for w in ("rewrite", "summarise", "story") for c in CHATS for m in (*DRAFT_MODES, "int4")]
-    lines = draft_model_table(rows).splitlines()
-    assert lines[2] == "| rewrite | 1 | 20.0 | 50.0 (2.50x) | 45.0 (2.25x) | 250/300 | 60.0 (3.00x) |"
+    peer = [{"workload": "rewrite", "chats": 1, "precision": "none", "mode": "off", "tokens_per_s": 25.0},
+            {"workload": "rewrite", "chats": 1, "precision": "none", "mode": "draft", "tokens_per_s": 40.0},
+            {"workload": "rewrite", "chats": 1, "precision": "int4", "mode": "off", "tokens_per_s": 70.0}]
+    lines = draft_model_table(rows, peer).splitlines()
+    assert lines[2] == ("| rewrite | 1 | 20.0 | 50.0 (2.50x) | 45.0 (2.25x) | 250/300 | 60.0 (3.00x) | 25.0 | "
+                        "40.0 (1.60x) |")
+    assert lines[3].endswith("| 60.0 (3.00x) | – | – |")
     assert len(lines) == 2 + 3 * len(CHATS)
+
+
+def test_the_float32_copy_holds_the_files_weights_dequantised(tmp_path):
+    import gguf
+    import numpy as np
+
+    from engine.models.sources import default_model_path
+    from engine.tools.float_gguf import ALL_F32, FILE_TYPE_KEY, float32_copy
+
+    source = default_model_path()
+    copy = float32_copy(source, tmp_path)
+    assert float32_copy(source, tmp_path) == copy  # written once
+    original, full = gguf.GGUFReader(source), gguf.GGUFReader(copy)
+    assert full.fields[FILE_TYPE_KEY].contents() == ALL_F32
+    assert full.fields["tokenizer.ggml.tokens"].contents() == original.fields["tokenizer.ggml.tokens"].contents()
+    tensors = {t.name: t for t in full.tensors}
+    assert set(tensors) == {t.name for t in original.tensors}
+    for tensor in original.tensors[:6]:
+        copied = tensors[tensor.name]
+        assert copied.tensor_type == gguf.GGMLQuantizationType.F32
+        assert np.array_equal(copied.data, gguf.quants.dequantize(tensor.data, tensor.tensor_type))
