@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from itertools import accumulate
 
 import torch
 
@@ -29,6 +30,7 @@ from ..models.draft_candidates import tokenizer_mismatch
 from ..models.loader import LoadedModel, Progress, load_model
 from ..step import attention
 from ..step.attention import SequenceSlice, build_metadata
+from ..step.cuda_graphs import DecodeRow, GraphLimits
 from ..step.runner import ModelRunner
 from ..step.transfer import to_device
 from .block_manager import BlockManager
@@ -74,13 +76,15 @@ class _Row:
 class DraftModel:
     """The draft model, its KV tensors in the serving model's pool, and the passes that write drafts."""
 
-    def __init__(self, loaded: LoadedModel, pool: KVCache, shape: KVShape, backend: str, vocab_size: int) -> None:
+    def __init__(self, loaded: LoadedModel, pool: KVCache, shape: KVShape, backend: str, vocab_size: int,
+                 graph_limits: GraphLimits | None = None) -> None:
         """``loaded`` (see :func:`load_draft_model`) with KV tensors of ``shape`` beside every block of the serving
-        model's ``pool``; ``vocab_size``: the serving model's."""
+        model's ``pool``; ``vocab_size``: the serving model's; ``graph_limits``: its passes replay CUDA graphs
+        (the pool has the scratch block they need)."""
         self.loaded = loaded
         self.block_size = pool.block_size
         self.kv_cache = KVCache(shape, pool.num_blocks, pool.block_size, loaded.device, pool.reserved_blocks)
-        self.runner = ModelRunner(loaded.model, self.kv_cache, loaded.device, backend)
+        self.runner = ModelRunner(loaded.model, self.kv_cache, loaded.device, backend, graph_limits)
         self.vocab_size = vocab_size  # the serving model's: a draft token past it could not be checked
 
     @property
@@ -152,6 +156,25 @@ class DraftModel:
     def _pass(self, rows: list[_Row], tokens_in: list[list[int]]) -> list[int]:
         """The draft model over each row's tokens at positions ``[start, end)``; the greedy next token of each
         row."""
+        logits = self._replayed(rows, tokens_in)
+        if logits is None:
+            logits = self._eager(rows, tokens_in)
+        return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+
+    def _replayed(self, rows: list[_Row], tokens_in: list[list[int]]) -> torch.Tensor | None:
+        """The last position's logits of each row from a CUDA graph, every position a decode row; None where the
+        pass does not fit one (a prompt to catch up), or no graph can run it."""
+        graphs = self.runner.graphs
+        if graphs is None or not graphs.fits(sum(map(len, tokens_in))):
+            return None
+        decode = [DecodeRow(token, row.start + j, row.seq.block_table)
+                  for row, tokens in zip(rows, tokens_in, strict=True) for j, token in enumerate(tokens)]
+        logits = graphs.run_rows(decode)
+        if logits is None:
+            return None
+        return logits[torch.tensor(list(accumulate(map(len, tokens_in))), device=logits.device) - 1]
+
+    def _eager(self, rows: list[_Row], tokens_in: list[list[int]]) -> torch.Tensor:
         ids: list[int] = []
         slices: list[SequenceSlice] = []
         last: list[int] = []
@@ -164,9 +187,8 @@ class DraftModel:
             ids.extend(tokens)
             last.append(len(ids) - 1)
         meta = build_metadata(self.kv_cache, slices, self.loaded.device, self.runner.backend, self.runner.dtype)
-        logits = self.runner.logits(to_device(torch.tensor(ids), self.loaded.device), meta,
-                                    to_device(torch.tensor(last, dtype=torch.long), self.loaded.device))
-        return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+        return self.runner.logits(to_device(torch.tensor(ids), self.loaded.device), meta,
+                                  to_device(torch.tensor(last, dtype=torch.long), self.loaded.device))
 
     def after_step(self, chunks: list[Chunk], blocks: BlockManager) -> None:
         """What the serving model kept of each draft: the draft's KV is right up to the first rejected token

@@ -85,17 +85,31 @@ class Engine:
         draft_shape = self._draft_kv_shape(draft)
         num_blocks = self._num_kv_blocks(shape, draft_shape.bytes_per_token() if draft else 0)
         self.kv_cache = KVCache(shape, num_blocks, block_size, self.device, reserved)
-        self.draft = None if draft is None else DraftModel(draft, self.kv_cache, draft_shape, self.attention_backend,
-                                                           self.loaded.model.config.vocab_size)
+        limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
+        self.draft = None if draft is None else DraftModel(
+            draft, self.kv_cache, draft_shape, self.attention_backend, self.loaded.model.config.vocab_size,
+            self._draft_graph_limits(config, draft, limits))
         target = config.step_latency_target_s or (GPU_TARGET_S if self.device.type == "cuda" else CPU_TARGET_S)
         self.pacer = StepPacer(target)  # what steps cost on this model and device, learnt as they run
         self._set_cpu_options(config.threads, config.lower_priority)
         self.disk = self._open_disk_tier()
         self.speculator = Speculator(config.speculation, self.draft.name if self.draft else None)
         self._new_scheduler()
-        limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, self.device, self.attention_backend, limits)
         return_freed_memory()  # what reading the files left on the heap
+
+    def _draft_graph_limits(self, config: EngineConfig, draft: LoadedModel,
+                            limits: cuda_graphs.GraphLimits | None) -> cuda_graphs.GraphLimits | None:
+        """The draft model's passes replay CUDA graphs where the serving model's steps do (the pool then has the
+        scratch block) and its own layers can be captured; a pass of more rows than the largest bucket (a prompt
+        it catches up on) runs eagerly."""
+        if limits is None:
+            return None
+        problem = cuda_graphs.graphs_problem(config.cuda_graphs, self.device, draft.model, self.attention_backend)
+        if problem:
+            log.info("the draft model's passes run eagerly: %s", problem)
+            return None
+        return limits
 
     def _draft_kv_shape(self, draft: LoadedModel | None) -> KVShape | None:
         """The draft model's KV, in the format :func:`.kv_format.draft_kv_format` gives."""
@@ -327,8 +341,8 @@ class Engine:
         return self.loaded.memory_bytes + self.kv_cache.memory_bytes + draft + self._graph_memory_bytes()
 
     def _graph_memory_bytes(self) -> int:
-        graphs = self.runner.graphs if self.runner is not None else None
-        return graphs.memory_bytes if graphs is not None else 0
+        runners = (self.runner, self.draft.runner if self.draft is not None else None)
+        return sum(r.graphs.memory_bytes for r in runners if r is not None and r.graphs is not None)
 
     def _graphs_reason(self) -> str:
         graphs = self.runner.graphs

@@ -4,10 +4,13 @@ A one-token-per-sequence step of a small model is a few hundred short kernels; l
 the launches cost more than the arithmetic. A CUDA graph records the kernels of one step once and replays them
 with a single launch, as vLLM and nano-vllm do. A graph replays fixed shapes at fixed addresses, so:
 
-- **What is captured.** A pure decode step (every chunk one new token that is sampled) of at most
-  ``max_num_seqs`` sequences, on CUDA, through the lean decoder (:mod:`.lean_decoder`). Prefill and mixed steps,
-  larger batches, the CPU, the native CPU decoder and transformers' own modules run eagerly as before. Sampling
-  stays outside the graph (its parameters change per request).
+- **What is captured.** A pure decode step (every chunk one new token that is sampled, or a draft's check) of
+  at most ``max_num_seqs`` rows, on CUDA, through the lean decoder (:mod:`.lean_decoder`). A chunk with a draft
+  (speculative decoding) is one row per position, its last token and then each draft token, each attending to
+  the positions up to its own (every row's keys and values are written before any row attends), as a decode
+  step of those tokens one at a time would. Prefill and mixed steps, larger batches, the CPU, the native CPU
+  decoder and transformers' own modules run eagerly as before. Sampling stays outside the graph (its
+  parameters change per request).
 - **Buckets.** The batch is padded up to the nearest captured size: 1, 2, 4, 8, then steps of 16, and
   ``max_num_seqs`` itself. On the torch attention path the block tables are padded to a width bucket too (powers
   of two up to the model's whole context in blocks), because that path reads every block of the table's width
@@ -192,29 +195,39 @@ class DecodeGraphs:
         return self._static_bytes + self._pool_bytes + sum(entry.inputs.nbytes for entry in self._graphs.values())
 
     def takes(self, chunks: list[Chunk]) -> bool:
-        """True when ``chunks`` are a decode step a graph can replay: one sampled token each, few enough."""
-        return (self.problem is None and 0 < len(chunks) <= self.batch_sizes[-1]
-                and all(c.end - c.start == 1 and c.samples for c in chunks))
+        """True when ``chunks`` are a decode step a graph can replay: one sampled token each (after a draft, if
+        any), few enough rows."""
+        return (all(c.samples and c.end - c.start == 1 + len(c.draft) for c in chunks)
+                and self.fits(sum(c.end - c.start for c in chunks)))
 
     def run(self, chunks: list[Chunk]) -> torch.Tensor | None:
-        """``[len(chunks), vocab]`` logits from a replayed graph (a view of a static buffer, valid until the next
-        step); None when this step must run eagerly (the graph cap is reached, or its capture failed)."""
+        """Logits of every row of ``chunks`` (:func:`decode_rows`), from a replayed graph (a view of a static
+        buffer, valid until the next step); None when this step must run eagerly (the graph cap is reached, or
+        its capture failed)."""
+        return self.run_rows(decode_rows(chunks))
+
+    def fits(self, rows: int) -> bool:
+        """Whether a step of ``rows`` decode rows can replay from a graph (before the cap and the context)."""
+        return self.problem is None and 0 < rows <= self.batch_sizes[-1]
+
+    def run_rows(self, rows: list[DecodeRow]) -> torch.Tensor | None:
+        """The logits of ``rows``, as :meth:`run` gives a step's."""
         block_size = self.kv_cache.block_size
-        needed = max(-(-c.end // block_size) for c in chunks)
+        needed = max(-(-(row.position + 1) // block_size) for row in rows)
         if needed > self.widths[-1]:  # past the context the buckets cover (the engine refuses such requests)
             return None
-        batch, width = bucket(self.batch_sizes, len(chunks)), bucket(self.widths, needed)
+        batch, width = bucket(self.batch_sizes, len(rows)), bucket(self.widths, needed)
         entry = self._graphs.get((batch, width))
         if entry is None:
             if len(self._graphs) >= self.max_graphs:
                 return None
             entry = _Graph(batch, width, torch.zeros(batch * (4 + width), dtype=torch.long, device=self.device))
         with device_scope(self.device):
-            copy_into(entry.inputs, self._host_inputs(chunks, batch, width))
+            copy_into(entry.inputs, self._host_inputs(rows, batch, width))
             if entry.graph is None and not self._capture(entry):
                 return None
             entry.graph.replay()
-        return self._logits[: len(chunks)]
+        return self._logits[: len(rows)]
 
     def forward(self, inputs: torch.Tensor, batch: int, width: int) -> None:
         """The step a graph captures: the lean decoder over ``inputs`` (see :meth:`_host_inputs`), logits into
@@ -255,21 +268,38 @@ class DecodeGraphs:
         self._graphs[(entry.batch, entry.width)] = entry
         return True
 
-    def _host_inputs(self, chunks: list[Chunk], batch: int, width: int) -> torch.Tensor:
+    def _host_inputs(self, rows: list[DecodeRow], batch: int, width: int) -> torch.Tensor:
         """The bucket's inputs on the host: ids, positions, slots, context lengths, then the block table, each
         padded to ``batch`` rows; padding rows and the tables' unused columns point at the scratch block."""
         block_size, scratch = self.kv_cache.block_size, self.kv_cache.scratch_block
         inputs = np.empty(batch * (4 + width), dtype=np.int64)
-        rows, table = inputs[: 4 * batch].reshape(4, batch), inputs[4 * batch :].reshape(batch, width)
-        rows[:, len(chunks) :] = np.array([[0], [0], [scratch * block_size], [1]])  # padding: token 0 at position 0
+        columns, table = inputs[: 4 * batch].reshape(4, batch), inputs[4 * batch :].reshape(batch, width)
+        columns[:, len(rows) :] = np.array([[0], [0], [scratch * block_size], [1]])  # padding: token 0 at 0
         table.fill(scratch)
-        for row, chunk in enumerate(chunks):
-            position, blocks = chunk.start, chunk.seq.block_table
-            rows[:, row] = (chunk.seq.token_ids[position], position,
-                            blocks[position // block_size] * block_size + position % block_size, chunk.end)
-            used = -(-chunk.end // block_size)
-            table[row, :used] = blocks[:used]
+        for index, row in enumerate(rows):
+            position, blocks = row.position, row.block_table
+            columns[:, index] = (row.token, position, blocks[position // block_size] * block_size
+                                 + position % block_size, position + 1)
+            used = -(-(position + 1) // block_size)
+            table[index, :used] = blocks[:used]
         return torch.from_numpy(inputs)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRow:
+    """One position a graph computes: its token and position, and its sequence's block table (it attends to every
+    position up to its own)."""
+
+    token: int
+    position: int
+    block_table: list[int]
+
+
+def decode_rows(chunks: list[Chunk]) -> list[DecodeRow]:
+    """A decode step's rows, in the order the sampler reads their logits: per chunk its last token, then each of
+    its draft tokens."""
+    return [DecodeRow(token, chunk.start + j, chunk.seq.block_table)
+            for chunk in chunks for j, token in enumerate((chunk.seq.token_ids[chunk.start], *chunk.draft))]
 
 
 def _reserved_bytes(device: torch.device) -> int:

@@ -20,6 +20,7 @@ from engine.step import cuda_graphs
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.cuda_graphs import bucket, graph_batch_sizes, width_buckets
 from tests.helpers import eager_graphs, flash_stand_in, sync_counter
+from tests.helpers.oracle import with_oracle
 from tests.helpers.tiny_models import VOCAB
 
 PROMPTS = [
@@ -38,9 +39,9 @@ def graphs(monkeypatch):
 
 
 def _engine(folder, **settings) -> Engine:
-    """Speculation off: steps with drafts run eagerly, and these tests count the decode steps graphs replay."""
+    """Speculation off unless asked: these tests count the decode steps graphs replay."""
     return Engine(EngineConfig(model=str(folder), quantization="none", dtype="float32", num_kv_blocks=64,
-                               speculation="off", **settings))
+                               **{"speculation": "off", **settings}))
 
 
 def _params(tokens: list[int]) -> list[SamplingParams]:
@@ -101,6 +102,39 @@ def test_graph_decode_with_prefix_cache_hits(tiny_model_dirs, graphs):
     got = [out.token_ids for out in graph_engine.generate(prompts, _params([20, 18, 16]))]
     assert got == want
     assert graph_engine.stats().cached_prompt_tokens_total >= 2 * 3 * 16 and eager_graphs.replays(graphs) > 0
+
+
+def test_a_drafts_check_is_replayed_as_one_row_per_position(tiny_model_dirs, graphs):
+    """Speculative decoding's steps through graphs: a chunk with a draft is its positions as decode rows (so one
+    chat's step fills a bucket of several rows), and greedy replies stay the plain engine's, token for token."""
+    folder = tiny_model_dirs["llama"]
+    prompts, lengths = PROMPTS[:2], [40, 30]
+    plain = _engine(folder, cuda_graphs=False).generate(prompts, _params(lengths))
+    engine = _engine(folder, speculation="ngram")
+    oracle = with_oracle(engine, plain, prompts)
+    drafted = engine.generate(prompts, _params(lengths))
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
+    kept = sum(o.metrics.accepted_draft_tokens for o in drafted)
+    assert 0 < kept < oracle.proposed  # drafts kept and rejected
+    assert max(batch for batch, _ in graphs["buckets"]) > len(prompts)  # draft rows went through a graph
+    assert engine.stats().cuda_graphs_reason == ""
+
+
+def test_a_draft_models_passes_replay_graphs_of_their_own(tiny_model_dirs, graphs):
+    """A draft model's passes replay graphs captured over its own KV tensors, the serving model checks through
+    its graphs, and greedy replies stay the plain ones. (The draft is the model itself, unquantised: int4 would
+    run on the native CPU kernels here, which graphs do not capture.)"""
+    folder = tiny_model_dirs["llama"]
+    prompts, lengths = PROMPTS[:3], [30, 24, 18]
+    plain = _engine(folder, cuda_graphs=False).generate(prompts, _params(lengths))
+    engine = _engine(folder, speculation="draft", draft_model=str(folder), draft_quantization="none")
+    drafted = engine.generate(prompts, _params(lengths))
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
+    assert sum(o.metrics.accepted_draft_tokens for o in drafted) > 0
+    draft_graphs = engine.draft.runner.graphs
+    assert draft_graphs is not None and draft_graphs.num_graphs > 0
+    assert draft_graphs.kv_cache is engine.draft.kv_cache and engine.runner.graphs.num_graphs > 0
+    assert engine.stats().cuda_graph_memory_bytes == engine.runner.graphs.memory_bytes + draft_graphs.memory_bytes
 
 
 @torch.inference_mode()
@@ -364,7 +398,7 @@ def test_a_step_past_the_buckets_context_runs_eagerly(tiny_model_dirs, graphs):
     assert steps.widths == [1, 2, 4]
     engine.generate(["hi"], _params([3]))
     seq = SimpleNamespace(token_ids=list(range(70)), block_table=list(range(5)))
-    assert steps.run([SimpleNamespace(seq=seq, start=69, end=70)]) is None and steps.num_graphs == 1
+    assert steps.run([SimpleNamespace(seq=seq, start=69, end=70, draft=[])]) is None and steps.num_graphs == 1
 
 
 # -- release ----------------------------------------------------------------------------------------------

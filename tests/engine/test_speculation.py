@@ -9,7 +9,6 @@ lookup has tests of its own, and the default model's tests run it on real text).
 """
 
 import math
-import random
 from collections import Counter
 
 import pytest
@@ -18,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.step.sampler import Sampler
+from tests.helpers.oracle import with_oracle
 from tests.helpers.pool import assert_preempted_cached_and_drained
 from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
 
@@ -28,39 +28,10 @@ PROMPTS = [
 ]
 
 
-class OracleProposer:
-    """Proposes what the plain run wrote next, each token spoilt with probability ``spoil``."""
-
-    def __init__(self, references: list[list[int]], spoil: float = 0.3, seed: int = 0) -> None:
-        self.references = references
-        self.spoil = spoil
-        self.random = random.Random(seed)
-        self.proposed = 0
-
-    def propose(self, request_id: str, tokens: list[int], length: int) -> list[int]:
-        for reference in self.references:
-            if reference[: len(tokens)] == tokens:
-                draft = reference[len(tokens) : len(tokens) + length]
-                draft = [t + 1 if self.random.random() < self.spoil else t for t in draft]
-                self.proposed += len(draft)
-                return draft
-        return []
-
-    def finish(self, request_id: str) -> None:
-        pass
-
-
 def _engine(folder, speculation: str = "off", **overrides) -> Engine:
     settings = dict(model=str(folder), num_kv_blocks=64, dtype="float32", kv_disk_cache=False,
                     speculation=speculation)
     return Engine(EngineConfig(**{**settings, **overrides}))
-
-
-def _with_oracle(engine: Engine, plain, prompts, **kwargs) -> OracleProposer:
-    references = [engine.encode_prompt(p) + list(o.token_ids) for p, o in zip(prompts, plain, strict=True)]
-    oracle = OracleProposer(references, **kwargs)
-    engine.speculator.proposer = oracle
-    return oracle
 
 
 def _drafted(outputs) -> tuple[int, int]:
@@ -80,7 +51,7 @@ def test_greedy_replies_are_the_same_with_drafts(tiny_model_dirs, arch):
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     plain = _engine(tiny_model_dirs[arch]).generate(PROMPTS, params)
     engine = _engine(tiny_model_dirs[arch], "ngram")
-    _with_oracle(engine, plain, PROMPTS)
+    with_oracle(engine, plain, PROMPTS)
     _check_same(plain, engine.generate(PROMPTS, params))
     assert _drafted(plain) == (0, 0)
 
@@ -92,7 +63,7 @@ def test_the_text_of_kept_draft_tokens_is_marked(tiny_llama):
     plain = _engine(tiny_llama).generate(PROMPTS, params)
     assert all(o.kept_draft_spans == () for o in plain)
     engine = _engine(tiny_llama, "ngram")
-    _with_oracle(engine, plain, PROMPTS)
+    with_oracle(engine, plain, PROMPTS)
     runs, append_run = {}, engine._append_run
     engine._append_run = lambda seq, tokens, now: runs.setdefault(seq.request_id, []).append(list(tokens)) or \
         append_run(seq, tokens, now)
@@ -128,7 +99,7 @@ def test_seeded_and_penalised_replies_are_the_same_with_drafts(echo_llama):
               SamplingParams(max_tokens=40, temperature=0.0, repetition_penalty=3.0)]  # greedy, penalised
     plain = _engine(echo_llama).generate(PROMPTS, params)
     engine = _engine(echo_llama, "ngram")
-    _with_oracle(engine, plain, PROMPTS)
+    with_oracle(engine, plain, PROMPTS)
     _check_same(plain, engine.generate(PROMPTS, params))
 
 
@@ -142,7 +113,7 @@ def test_chunked_prefill_prefix_hits_and_preemption_change_nothing(tiny_llama):
     plain_engine = _engine(tiny_llama, **settings)
     plain = plain_engine.generate(PROMPTS, params) + plain_engine.generate(follow, params)
     engine = _engine(tiny_llama, "ngram", **settings)
-    _with_oracle(engine, plain, PROMPTS + follow)
+    with_oracle(engine, plain, PROMPTS + follow)
     drafted = engine.generate(PROMPTS, params) + engine.generate(follow, params)
     _check_same(plain, drafted)
     assert_preempted_cached_and_drained(engine.stats())
@@ -161,7 +132,7 @@ def test_stops_and_max_tokens_inside_a_drafted_run_end_the_reply_where_they_woul
     prompts, params = [c[0] for c in cases], [c[1] for c in cases]
     plain = _engine(tiny_llama).generate(prompts, params)
     engine = _engine(tiny_llama, "ngram")
-    oracle = _with_oracle(engine, reference, PROMPTS, spoil=0.05)  # long runs of right drafts
+    oracle = with_oracle(engine, reference, PROMPTS, spoil=0.05)  # long runs of right drafts
     drafted = engine.generate(prompts, params)
     assert oracle.proposed > 0
     assert [(o.token_ids, o.text, o.finish_reason) for o in drafted] == \
@@ -173,7 +144,7 @@ def test_streamed_deltas_add_up_to_the_reply(tiny_llama):
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     plain = _engine(tiny_llama).generate(PROMPTS[:1], params)
     engine = _engine(tiny_llama, "ngram")
-    _with_oracle(engine, plain, PROMPTS[:1], spoil=0.1)
+    with_oracle(engine, plain, PROMPTS[:1], spoil=0.1)
     engine.add_request(PROMPTS[0], params)
     ids, text, sizes = [], "", []
     while engine.has_unfinished():
@@ -248,7 +219,7 @@ def test_the_mode_changes_between_steps_and_a_wrong_one_is_refused(tiny_llama):
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     plain = _engine(tiny_llama).generate(PROMPTS[:1], params)
     engine = _engine(tiny_llama, "ngram")
-    _with_oracle(engine, plain, PROMPTS[:1])
+    with_oracle(engine, plain, PROMPTS[:1])
     engine.set_speculation("off")
     assert _drafted(engine.generate(PROMPTS[:1], params)) == (0, 0)
     assert engine.stats().speculation.mode == "off" and engine.config.speculation == "off"
