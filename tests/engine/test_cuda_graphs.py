@@ -20,7 +20,7 @@ from engine.step import cuda_graphs
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.cuda_graphs import bucket, graph_batch_sizes, width_buckets
 from tests.helpers import eager_graphs, flash_stand_in, sync_counter
-from tests.helpers.oracle import with_oracle
+from tests.helpers.draft_oracle import with_oracle
 from tests.helpers.tiny_models import VOCAB
 
 PROMPTS = [

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.step.sampler import Sampler
-from tests.helpers.oracle import with_oracle
+from tests.helpers.draft_oracle import with_oracle
 from tests.helpers.pool import assert_preempted_cached_and_drained
 from tests.helpers.tiny_models import ARCHITECTURES, write_tiny_model
 

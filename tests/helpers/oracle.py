@@ -1,39 +1,55 @@
-"""An oracle for speculative decoding's tests: drafts that are right for a while and then wrong, known in advance.
-
-It proposes what a plain run wrote next, each token spoilt with some probability, so the verification, not a
-lookup, is what a test exercises.
-"""
+"""The correctness oracle: transformers' own ``generate``, greedy, one prompt at a time."""
 
 from __future__ import annotations
 
-import random
+import torch
 
 
-class OracleProposer:
-    """Proposes what the plain run wrote next, each token spoilt with probability ``spoil``."""
-
-    def __init__(self, references: list[list[int]], spoil: float = 0.3, seed: int = 0) -> None:
-        self.references = references
-        self.spoil = spoil
-        self.random = random.Random(seed)
-        self.proposed = 0
-
-    def propose(self, request_id: str, tokens: list[int], length: int) -> list[int]:
-        for reference in self.references:
-            if reference[: len(tokens)] == tokens:
-                draft = reference[len(tokens) : len(tokens) + length]
-                draft = [t + 1 if self.random.random() < self.spoil else t for t in draft]
-                self.proposed += len(draft)
-                return draft
-        return []
-
-    def finish(self, request_id: str) -> None:
-        pass
+def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=()) -> list[int]:
+    """Greedy continuation of ``prompt_ids`` by ``model.generate``, cut after the first EOS like the engine."""
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=list(eos_ids) or None,
+            pad_token_id=0,
+        )[0, len(prompt_ids) :].tolist()
+    for i, token in enumerate(out):
+        if token in eos_ids:
+            return out[: i + 1]
+    return out
 
 
-def with_oracle(engine, plain, prompts, **kwargs) -> OracleProposer:
-    """Give ``engine`` an oracle that knows ``plain``'s replies to ``prompts``."""
-    references = [engine.encode_prompt(p) + list(o.token_ids) for p, o in zip(prompts, plain, strict=True)]
-    oracle = OracleProposer(references, **kwargs)
-    engine.speculator.proposer = oracle
-    return oracle
+def load_reference(folder, dtype=torch.float32, kv_cache_dtype: str | None = None):
+    """A plain transformers model from ``folder`` (sdpa attention), independent of the engine's copy.
+
+    ``kv_cache_dtype``: every key and value the attention reads is first rounded as that KV format stores it
+    (transformers' own cache keeps the exact values and they are rounded again at each step, the same way), so
+    the reference computes what an engine with that cache computes.
+    """
+    from transformers import AutoModelForCausalLM
+
+    attention = "sdpa" if kv_cache_dtype is None else _rounding_sdpa(kv_cache_dtype)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attention).eval()
+
+
+def _rounding_sdpa(kv_cache_dtype: str) -> str:
+    """transformers' sdpa attention over keys and values stored as ``kv_cache_dtype``; registered, by name."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from engine.serving.kv_format import decode, encode, format_for
+
+    fmt = format_for(kv_cache_dtype, torch.float32)
+
+    def rounded(x):
+        return decode(fmt, *encode(fmt, x), x.dtype)
+
+    def attention(module, query, key, value, *args, **kwargs):
+        return sdpa_attention_forward(module, query, rounded(key), rounded(value), *args, **kwargs)
+
+    name = f"sdpa_kv_{kv_cache_dtype}"
+    AttentionInterface.register(name, attention)
+    return name
