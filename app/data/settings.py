@@ -203,6 +203,13 @@ def draft_key(model: str, quantization: str) -> str:
     return f"{model}@{quantization}"
 
 
+def with_draft(drafts: dict, model: str, quantization: str, draft: str | None) -> dict:
+    """The ``drafts`` setting with ``draft`` as the draft of ``model`` in ``quantization`` (None: no draft)."""
+    key = draft_key(model, quantization)
+    kept = {name: value for name, value in drafts.items() if name != key}
+    return {**kept, key: draft} if draft else kept
+
+
 def draft_options(settings, model: str, quantization: str) -> dict:
     """The draft model chosen for ``model`` in ``quantization`` (None: none), as an EngineConfig takes it."""
     return {"draft_model": settings["drafts"].get(draft_key(model, quantization)),

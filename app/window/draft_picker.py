@@ -32,7 +32,7 @@ def candidate_text(candidate: DraftCandidate, target: str) -> str:
 
 
 class _Found(QObject):
-    done = Signal(object, object)  # the question (target, quantisation, specs), its answer: list or Exception
+    done = Signal(object, object)  # the question (target, quantisation, specs, device), its answer: list or error
 
 
 def _candidates(target: str, quantization: str, specs: tuple[str, ...], device: str):

@@ -20,7 +20,7 @@ from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineSt
 from engine.models.draft_candidates import DRAFT_QUANTIZATION
 
 from ..data.remote_store import RemoteChoice
-from ..data.settings import Settings, draft_key, engine_load_options
+from ..data.settings import Settings, engine_load_options, with_draft
 from ..engines.bridge import ChatEngine
 from ..engines.remote_engines import RemoteEngines
 from .draft_picker import DraftPicker
@@ -193,8 +193,7 @@ class ModelBar(QWidget):
     def _progress(self, fraction: float, phrase: str) -> None:
         self._show_progress(True)
         self.progress.setValue(int(fraction * 100))
-        self.phase.setText(phrase)
-        self.phase.setToolTip(phrase)
+        self.phase.setText(phrase)  # and its tooltip (ElidedLabel)
         self.progress.setAccessibleDescription(phrase)
 
     def _loaded(self, stats: EngineStats) -> None:
@@ -206,9 +205,8 @@ class ModelBar(QWidget):
             for key, value in (("model", config.model), ("quantization", config.quantization),
                                ("device", config.device)):
                 self.settings[key] = value
-            self.settings["drafts"] = remember_draft(self.settings["drafts"], draft_key(config.model,
-                                                                                       config.quantization),
-                                                     config.draft_model)
+            self.settings["drafts"] = with_draft(self.settings["drafts"], config.model, config.quantization,
+                                                 config.draft_model)
             self.settings.save()
             self._offer_drafts(config)
         self._stats(stats)
@@ -229,12 +227,6 @@ class ModelBar(QWidget):
         if self.remote_shown is not None:
             return  # the label says where the chat on screen runs
         self.device_label.setText(f"{stats.device.upper()} · {stats.device_reason}")
-
-
-def remember_draft(drafts: dict, key: str, draft: str | None) -> dict:
-    """``drafts`` (the setting) with ``draft`` at ``key`` (:func:`draft_key`), or none."""
-    kept = {name: value for name, value in drafts.items() if name != key}
-    return {**kept, key: draft} if draft else kept
 
 
 class ElidedLabel(QLabel):

@@ -30,7 +30,7 @@ from ..models.draft_candidates import tokenizer_mismatch
 from ..models.loader import LoadedModel, Progress, load_model
 from ..step import attention
 from ..step.attention import SequenceSlice, build_metadata
-from ..step.cuda_graphs import DecodeRow, GraphLimits
+from ..step.cuda_graphs import GraphLimits, position_rows
 from ..step.runner import ModelRunner
 from ..step.transfer import to_device
 from .block_manager import BlockManager
@@ -167,8 +167,8 @@ class DraftModel:
         graphs = self.runner.graphs
         if graphs is None or not graphs.fits(sum(map(len, tokens_in))):
             return None
-        decode = [DecodeRow(token, row.start + j, row.seq.block_table)
-                  for row, tokens in zip(rows, tokens_in, strict=True) for j, token in enumerate(tokens)]
+        decode = [position for row, tokens in zip(rows, tokens_in, strict=True)
+                  for position in position_rows(tokens, row.start, row.seq.block_table)]
         logits = graphs.run_rows(decode)
         if logits is None:
             return None

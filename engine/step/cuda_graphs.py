@@ -298,8 +298,13 @@ class DecodeRow:
 def decode_rows(chunks: list[Chunk]) -> list[DecodeRow]:
     """A decode step's rows, in the order the sampler reads their logits: per chunk its last token, then each of
     its draft tokens."""
-    return [DecodeRow(token, chunk.start + j, chunk.seq.block_table)
-            for chunk in chunks for j, token in enumerate((chunk.seq.token_ids[chunk.start], *chunk.draft))]
+    return [row for chunk in chunks for row in position_rows((chunk.seq.token_ids[chunk.start], *chunk.draft),
+                                                              chunk.start, chunk.seq.block_table)]
+
+
+def position_rows(tokens, start: int, block_table: list[int]) -> list[DecodeRow]:
+    """``tokens`` at positions ``start``, ``start + 1``, ... of one sequence, a decode row each."""
+    return [DecodeRow(token, start + j, block_table) for j, token in enumerate(tokens)]
 
 
 def _reserved_bytes(device: torch.device) -> int:
