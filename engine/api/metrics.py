@@ -40,12 +40,17 @@ def exposed_name(name: str, kind: str) -> str:
     return f"{name}_total" if kind == "counter" else name
 
 
-def prometheus_text(stats: EngineStats) -> str:
-    """The exposition text of ``stats``, each sample labelled with the model name."""
-    label = stats.model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def prometheus_text(stats: EngineStats | dict[str, EngineStats]) -> str:
+    """The exposition text of one model's ``stats`` (labelled with its name), or of several resident models'
+    (id -> stats, each sample labelled with the model's id)."""
+    models = stats if isinstance(stats, dict) else {stats.model_name: stats}
     lines = []
     for name, kind, help_text, value in METRICS:
         exposed = exposed_name(name, kind)
-        lines += [f"# HELP {exposed} {help_text}", f"# TYPE {exposed} {kind}",
-                  f'{exposed}{{model_name="{label}"}} {float(value(stats))!r}']
+        lines += [f"# HELP {exposed} {help_text}", f"# TYPE {exposed} {kind}"]
+        lines += [f'{exposed}{{model_name="{_label(model)}"}} {float(value(one))!r}' for model, one in models.items()]
     return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,8 +1,11 @@
 """The OpenAI-compatible app: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, and
 ``GET /metrics`` (Prometheus).
 
-Every request goes to the one :class:`AsyncEngine` that ``engines()`` returns at that moment, so API requests
+Every request goes to the :class:`AsyncEngine` that ``engines()`` returns at that moment, so API requests
 batch with the window's chats and share their prefix cache, and a model switch in the window is served at once.
+Its ``model`` field picks one of the engine's resident models (a 404 lists them); ``"auto"`` routes by the rules
+(:mod:`engine.routing.router`), and the response says where it went and why: its ``model`` field and the
+``X-Kvasir-Routed-To`` / ``X-Kvasir-Route-Reason`` headers.
 Requests carry the source ``"api"``, which the live panel shows. A client that disconnects aborts its request,
 which frees its KV blocks.
 """
@@ -18,12 +21,13 @@ from collections.abc import AsyncIterator, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import Request as HttpRequest
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import EngineDeadError, PromptTooLong
-from ..serving.async_engine import AsyncEngine, RequestStream
+from ..routing.router import AUTO, Decision, Request, Router, Routes
+from ..serving.async_engine import AsyncEngine, RequestStream, UnknownModel
 from ..serving.outputs import RequestOutput
 from .config import API_SOURCE, ApiConfig
 from .errors import ApiError, bad_field, encode, json_response, shown
@@ -40,10 +44,12 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready; its request has been aborted."""
 
 
-def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = None) -> Starlette:
-    """The ASGI app over ``engines`` (an engine, or a function returning the engine that serves now)."""
+def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = None,
+               routing: Routes | None = None) -> Starlette:
+    """The ASGI app over ``engines`` (an engine, or a function returning the engine that serves now);
+    ``routing``: the rules ``"model": "auto"`` follows (None: :meth:`Routes.default_for` the resident models)."""
     config = config or ApiConfig()
-    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines)
+    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines, routing)
     return Starlette(
         routes=[
             Route("/v1/models", routes.list_models, methods=["GET"]),
@@ -61,73 +67,118 @@ def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = N
 class OpenAIRoutes:
     """The endpoints, over whichever engine serves when a request arrives."""
 
-    def __init__(self, engines: EngineSource) -> None:
+    def __init__(self, engines: EngineSource, routing: Routes | None = None) -> None:
         self.engines = engines
         self.created = int(time.time())
+        self.routes_given = routing is not None
+        self.router = Router(routing or Routes())
 
-    async def list_models(self, request: Request) -> Response:
-        """The model the engine serves now (one engine serves one model)."""
-        name = self._engine().stats().model_name
-        return json_response({"object": "list", "data": [model_card(name, self.created)]})
+    async def list_models(self, request: HttpRequest) -> Response:
+        """The resident models, the primary first; ``auto`` too where several are resident."""
+        engine = self._engine()
+        ids = engine.model_ids()
+        primary = engine.model_id()
+        cards = [model_card(i, self.created) for i in [primary, *(i for i in ids if i != primary)]]
+        if len(ids) > 1:
+            cards.append(model_card(AUTO, self.created))
+        return json_response({"object": "list", "data": cards})
 
-    async def get_model(self, request: Request) -> Response:
+    async def get_model(self, request: HttpRequest) -> Response:
         name = request.path_params["model"]
-        self._engine(name)
-        return json_response(model_card(name, self.created))
+        engine = self._engine()
+        if name == AUTO and len(engine.model_ids()) > 1:
+            return json_response(model_card(AUTO, self.created))
+        return json_response(model_card(self._model_id(engine, name), self.created))
 
-    async def metrics(self, request: Request) -> Response:
+    async def metrics(self, request: HttpRequest) -> Response:
         """The engine's KV usage, queues and prefix-cache counters, for Prometheus and remote panels."""
-        return PlainTextResponse(prometheus_text(self._engine().stats()), media_type="text/plain; version=0.0.4")
+        engine = self._engine()
+        models = {i: engine.stats(i) for i in engine.model_ids()}
+        return PlainTextResponse(prometheus_text(models if len(models) > 1 else engine.stats()),
+                                 media_type="text/plain; version=0.0.4")
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: HttpRequest) -> Response:
         return await self._generate(request, parse_chat(await read_json(request)))
 
-    async def complete(self, request: Request) -> Response:
+    async def complete(self, request: HttpRequest) -> Response:
         return await self._generate(request, parse_completion(await read_json(request)))
 
-    def _engine(self, model: str | None = None) -> AsyncEngine:
-        """The serving engine (a 503 while none serves); with ``model``, a 404 unless that is its model."""
+    def _engine(self) -> AsyncEngine:
+        """The serving engine (a 503 while none serves)."""
         engine = self.engines()
         if engine is None:
             raise ApiError(503, "no model is loaded yet; try again once it has loaded", code="model_not_loaded")
         if not engine.alive:
             raise engine_stopped(EngineDeadError(engine.failure))
-        served = engine.stats().model_name
-        if model is not None and model != served:
-            raise ApiError(404, f"The model {shown(model, 80)} does not exist; this server serves {served!r} "
-                                "(see GET /v1/models)", param="model", code="model_not_found")
         return engine
 
-    async def _generate(self, request: Request, api: ApiRequest) -> Response:
+    @staticmethod
+    def _model_id(engine: AsyncEngine, model: str) -> str:
+        """The id of the resident model ``model`` names; a 404 listing the resident ones where none does."""
+        try:
+            return engine.model_id(model)
+        except UnknownModel as exc:
+            served = ", ".join(repr(i) for i in exc.resident)
+            raise ApiError(404, f"The model {shown(model, 80)} does not exist; this server serves {served} "
+                                "(see GET /v1/models)", param="model", code="model_not_found") from None
+
+    def _route(self, engine: AsyncEngine, api: ApiRequest) -> Decision:
+        """Where a request for ``auto`` goes (see :mod:`engine.routing.router`)."""
+        ids = engine.model_ids()
+        if not self.routes_given:  # the default routes follow the models resident now
+            self.router.routes = Routes.default_for({i: engine.stats(i).model_memory_bytes for i in ids})
+
+        def resolve(name: str) -> str | None:
+            try:
+                return engine.model_id(name)
+            except UnknownModel:
+                return None
+
+        return self.router.route(Request.of(api.prompt), ids, engine.model_id(), resolve)
+
+    async def _generate(self, request: HttpRequest, api: ApiRequest) -> Response:
         """Start the ``n`` requests and wait for their first outputs before answering, so that a request the
         engine refuses still gets its status code; then stream, or wait for the whole replies."""
-        streams = await _start(self._engine(api.model), api)
-        reply = Reply(api.kind, api.model)
+        engine = self._engine()
+        decision = self._route(engine, api) if api.model == AUTO else None
+        model = decision.model if decision else self._model_id(engine, api.model)
+        headers = route_headers(decision)
+        streams = await _start(engine, api, model)
+        reply = Reply(api.kind, model)
         try:
             firsts = await until_disconnected(request, asyncio.gather(*(anext(s) for s in streams)))
             _raise_if_failed(firsts)
             if api.stream:
-                return EventStream(events(reply, firsts, streams, api.include_usage), streams)
+                return EventStream(events(reply, firsts, streams, api.include_usage), streams, headers)
             work = asyncio.gather(*(_last(first, s) for first, s in zip(firsts, streams)))
             finals = await until_disconnected(request, work)
             _raise_if_failed(finals)
         except BaseException:
             _abort(streams)  # the replies still running when another failed, or the client went away
             raise
-        return json_response(reply.full(finals))
+        return json_response(reply.full(finals), headers=headers)
 
 
-async def _start(engine: AsyncEngine, api: ApiRequest) -> list[RequestStream]:
+def route_headers(decision: Decision | None) -> dict[str, str]:
+    """Where ``auto`` sent the request and why (ASCII only: header values are Latin-1)."""
+    if decision is None:
+        return {}
+    return {"X-Kvasir-Routed-To": decision.model,
+            "X-Kvasir-Route-Reason": decision.reason.encode("ascii", "replace").decode()}
+
+
+async def _start(engine: AsyncEngine, api: ApiRequest, model: str) -> list[RequestStream]:
     """Tokenise the prompt (off the engine thread), size ``max_tokens`` to the context, start the ``n`` requests
-    (the same prompt: they run in one batch)."""
+    (the same prompt: they run in one batch) on ``model``."""
     try:
-        ids = await engine.encode(api.prompt)
+        ids = await engine.encode(api.prompt, model)
     except PromptTooLong as exc:
         raise bad_field(api.prompt_field, str(exc), code="context_length_exceeded") from None
     except ValueError as exc:
         raise bad_field(api.prompt_field, str(exc)) from None
-    max_tokens = _max_tokens(engine, api, len(ids))
-    return [engine.stream(ids, api.sampling_params(max_tokens, i), source=API_SOURCE) for i in range(api.n)]
+    max_tokens = _max_tokens(engine.stats(model), api, len(ids))
+    return [engine.stream(ids, api.sampling_params(max_tokens, i), source=API_SOURCE, model=model)
+            for i in range(api.n)]
 
 
 def _raise_if_failed(outputs: list[RequestOutput]) -> None:
@@ -141,10 +192,10 @@ def _abort(streams: list[RequestStream]) -> None:
         stream.abort()
 
 
-def _max_tokens(engine: AsyncEngine, api: ApiRequest, prompt_tokens: int) -> int:
-    """The request's ``max_tokens`` if prompt and reply fit the context, else a 400 saying by how much; when
-    not given, what OpenAI's servers default to (the context left for chat, 16 for completions)."""
-    stats = engine.stats()
+def _max_tokens(stats, api: ApiRequest, prompt_tokens: int) -> int:
+    """The request's ``max_tokens`` if prompt and reply fit the context (``stats``: the model's), else a 400
+    saying by how much; when not given, what OpenAI's servers default to (the context left for chat, 16 for
+    completions)."""
     limit = min(stats.max_model_len, stats.kv_blocks_total * stats.block_size)
     where = "messages" if api.kind == "chat" else "prompt"
     if prompt_tokens == 0:
@@ -167,7 +218,7 @@ def _max_tokens(engine: AsyncEngine, api: ApiRequest, prompt_tokens: int) -> int
     return api.max_tokens
 
 
-async def read_json(request: Request) -> dict:
+async def read_json(request: HttpRequest) -> dict:
     """The body as a JSON object; a 413 past ``MAX_BODY_BYTES``, a 400 for anything that is not an object."""
     body = bytearray()
     async for chunk in request.stream():
@@ -186,7 +237,7 @@ async def read_json(request: Request) -> dict:
     return value
 
 
-async def until_disconnected(request: Request, work):
+async def until_disconnected(request: HttpRequest, work):
     """The result of ``work``, or :class:`ClientGone` (with ``work`` cancelled) if the client goes first."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnect(request))
@@ -201,7 +252,7 @@ async def until_disconnected(request: Request, work):
     raise ClientGone
 
 
-async def _disconnect(request: Request) -> None:
+async def _disconnect(request: HttpRequest) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
@@ -274,9 +325,10 @@ class EventStream(StreamingResponse):
     """``text/event-stream`` that aborts its requests however the response ends (a client that disconnects
     cancels the sending task; Starlette watches for it)."""
 
-    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream]) -> None:
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream],
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.streams = streams
 
     async def __call__(self, scope, receive, send) -> None:
@@ -299,11 +351,11 @@ def failure(out: RequestOutput) -> ApiError:
     return ApiError(500, out.error or "the engine failed on this request", code="engine_error")
 
 
-async def _api_error(request: Request, exc: ApiError) -> Response:
+async def _api_error(request: HttpRequest, exc: ApiError) -> Response:
     return exc.response()
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
+async def _http_error(request: HttpRequest, exc: HTTPException) -> Response:
     """Starlette's own 404 (no such path) and 405 (wrong method), in OpenAI's shape."""
     message = {404: f"no such endpoint: {request.method} {request.url.path}",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
@@ -314,14 +366,14 @@ def engine_stopped(exc: EngineDeadError) -> ApiError:
     return ApiError(503, f"the engine has stopped: {exc}", code="engine_stopped")
 
 
-async def _engine_stopped(request: Request, exc: EngineDeadError) -> Response:
+async def _engine_stopped(request: HttpRequest, exc: EngineDeadError) -> Response:
     return engine_stopped(exc).response()
 
 
-async def _client_gone(request: Request, exc: ClientGone) -> Response:
+async def _client_gone(request: HttpRequest, exc: ClientGone) -> Response:
     return Response(status_code=499)  # nobody reads it; the request was aborted
 
 
-async def _server_error(request: Request, exc: Exception) -> Response:
+async def _server_error(request: HttpRequest, exc: Exception) -> Response:
     return ApiError(500, f"the server failed on this request: {type(exc).__name__}: {exc}",
                     code="server_error").response()

@@ -15,6 +15,7 @@ import time
 
 import uvicorn
 
+from ..routing.router import Routes
 from .config import ApiConfig
 from .connections import ConnectionLimits, connection_cap
 from .log_once import quieten_repeats
@@ -46,9 +47,9 @@ class ApiServer:
 
     def __init__(self, engines: EngineSource, config: ApiConfig | None = None, *, access_log: bool = False,
                  configure_logging: bool = False, graceful_stop_s: float = GRACEFUL_STOP_S,
-                 limits: ConnectionLimits | None = None) -> None:
+                 limits: ConnectionLimits | None = None, routes: Routes | None = None) -> None:
         self.config = config or ApiConfig()
-        self.app = create_app(engines, self.config)
+        self.app = create_app(engines, self.config, routes)
         self.limits = limits or ConnectionLimits(max_connections=connection_cap())
         self._uvicorn = uvicorn.Config(
             self.app, lifespan="off", loop="asyncio", http=self.limits.protocol(), ws="none", access_log=access_log,

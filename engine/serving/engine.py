@@ -46,6 +46,7 @@ from .warmup import step_peak_bytes
 log = logging.getLogger(__name__)
 
 SWITCHED_MESSAGE = "the model was switched while this reply was being written"
+UNLOADED_MESSAGE = "the model was unloaded while this reply was being written"
 CPU_THREADS = torch.get_num_threads()  # what torch chose for this machine (or OMP_NUM_THREADS), before any change
 
 
@@ -283,6 +284,14 @@ class Engine:
                 f"switching failed ({failure}) and the previous model could not be loaded again ({restored})"
             )
         raise failure
+
+    def unload(self, reason: str) -> list[RequestOutput]:
+        """End every live request with ``reason`` as its error and give the model's memory back (the engine then
+        has no model); returns the requests' final outputs."""
+        self.abort_all(error=reason)
+        reported, self._pending = self._pending, []
+        self._release()
+        return reported
 
     def close(self) -> None:
         """Finish writing the prefix cache's blocks to disk (bounded); the engine still serves afterwards, without

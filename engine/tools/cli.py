@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 from ..config import (
     AUTO_QUANTIZATION_RULE,
@@ -22,10 +25,18 @@ from ..step.attention_backend import ATTENTION_BACKENDS
 from .reply_args import messages_with_system, params_from, reply_record
 
 
-def engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="'default', a library name, a .gguf file, a model folder or a Hub repo id; "
-                             "with --remote, one of the server's models (optional when it serves one)")
+def engine_args(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
+    if several_models:
+        parser.add_argument("--model", action="append", default=None, metavar="MODEL[@QUANT]",
+                            help="a model to serve; give it again for more, all resident at once (the first is "
+                                 "the default for requests naming none). 'default', a library name, a .gguf file, "
+                                 "a model folder or a Hub repo id, with @QUANT to pick its quantisation "
+                                 "(--model default --model default@none: the bundled model twice)")
+    else:
+        parser.add_argument("--model", default=None, metavar="MODEL[@QUANT]",
+                            help="'default', a library name, a .gguf file, a model folder or a Hub repo id (@QUANT "
+                                 "picks the quantisation); with --remote, one of the server's models (optional "
+                                 "when it serves one)")
     parser.add_argument("--quant", "--quantization", dest="quant", default="auto", choices=QUANTIZATIONS,
                         help=AUTO_QUANTIZATION_RULE)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -68,6 +79,12 @@ def serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
                         help=f"clients must send it as a Bearer token; needed for any host but loopback "
                              f"(default: the {API_KEY_ENV} environment variable)")
+    parser.add_argument("--routes", default=None, metavar="FILE",
+                        help="routing rules for requests naming the model 'auto' (JSON: rules and a fallback); "
+                             "by default code, long messages and questions asking for reasoning go to the largest "
+                             "model, the rest to the smallest")
+    parser.add_argument("--idle-unload", type=float, default=None, metavar="SECONDS",
+                        help="unload a model other than the first once no request has used it for this long")
 
 
 def remote_args(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +109,7 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
     remote_args(chat)
     sampling_args(chat)
     serve = commands.add_parser("serve", help="an OpenAI-compatible endpoint over the engine, no window")
-    engine_args(serve)
+    engine_args(serve, several_models=True)
     serve_args(serve)
     bench = commands.add_parser("bench", help="speed against llama.cpp and transformers on the same model")
     engine_args(bench)
@@ -154,10 +171,16 @@ def model_spec(name_or_spec: str) -> str:
     return name_or_spec
 
 
-def config_from(args) -> EngineConfig:
+def config_from(args, model: str | None = None) -> EngineConfig:
+    """The engine's configuration from the arguments; ``model``: one of several ``--model`` values (by default
+    the only one). ``NAME@QUANT`` overrides ``--quant``."""
+    from ..serving.resident import split_model_spec
+
+    given = args.model[0] if isinstance(args.model, list) else args.model  # serve takes several
+    name, quant = split_model_spec(model or given or "default")
     return EngineConfig(
-        model=model_spec(args.model or "default"),
-        quantization=args.quant,
+        model=model_spec(name),
+        quantization=args.quant if quant == "auto" else quant,
         dtype=args.dtype,
         device=args.device,
         num_kv_blocks=args.kv_blocks,
@@ -246,18 +269,31 @@ def cmd_serve(args) -> int:
         print(f"error: {exc} (give one with --api-key K, or the {API_KEY_ENV} environment variable)",
               file=sys.stderr)
         return 2
+    try:
+        configs = [config_from(args, spec) for spec in args.model or ["default"]]
+        configs[1:] = [dataclasses.replace(c, draft_model=None, speculation=_own_speculation(c)) for c in configs[1:]]
+        routes = _read_routes(args.routes) if args.routes else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     serving: list[AsyncEngine] = []
-    server = ApiServer(lambda: serving[0] if serving else None, api, access_log=True, configure_logging=True)
+    server = ApiServer(lambda: serving[0] if serving else None, api, access_log=True, configure_logging=True,
+                       routes=routes)
     try:
         url = server.start()
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"listening on {url}; loading the model...", file=sys.stderr, flush=True)
+    print(f"listening on {url}; loading {'the model' if len(configs) == 1 else f'{len(configs)} models'}...",
+          file=sys.stderr, flush=True)
     try:
-        serving.append(AsyncEngine(config_from(args)))
-        stats = serving[0].stats()
-        print(f"Kvasir serves {stats.model_name} ({stats.quantization}, {stats.device}) at {url}", flush=True)
+        serving.append(AsyncEngine(configs[0]))
+        serving[0].idle_unload_s = args.idle_unload
+        for config in configs[1:]:
+            asyncio.run(serving[0].load_model(config))
+        served = ", ".join(f"{i} ({serving[0].stats(i).quantization}, {serving[0].stats(i).device})"
+                           for i in serving[0].model_ids())
+        print(f"Kvasir serves {served} at {url}", flush=True)
         print("OpenAI-compatible: GET /v1/models, POST /v1/chat/completions, POST /v1/completions. "
               "Ctrl-C stops.", file=sys.stderr, flush=True)
         server.wait()
@@ -269,6 +305,25 @@ def cmd_serve(args) -> int:
             serving[0].shutdown()
         server.stop()
     return 0
+
+
+def _own_speculation(config: EngineConfig) -> str:
+    """A model after the first drafts by lookup at most (``--draft-model`` drafts for the first)."""
+    return "auto" if config.speculation == "draft" else config.speculation
+
+
+def _read_routes(path: str):
+    """``--routes``: the JSON file's rules; ``ValueError`` naming the file and what is wrong."""
+    from ..routing.router import Routes
+
+    try:
+        return Routes.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise ValueError(f"could not read the routes in {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"the routes in {path}: {exc}") from None
 
 
 def cmd_bench(args) -> int:

@@ -84,3 +84,41 @@ def test_ctrl_c_with_a_reply_streaming_ends_the_stream_and_the_process(tiny_llam
     finally:
         if process.poll() is None:
             process.kill()
+
+
+@pytest.mark.timeout(180)
+def test_serve_keeps_several_models_resident_and_routes_auto(tiny_model_dirs, tmp_path):
+    routes = tmp_path / "routes.json"
+    routes.write_text(json.dumps({"rules": [{"model": "qwen2", "has_code": True}], "fallback": "llama"}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["serve", "--port", "0", "--model", str(tiny_model_dirs["llama"]), "--model", str(tiny_model_dirs["qwen2"]),
+            "--device", "cpu", "--kv-blocks", "64", "--routes", str(routes)]
+    process = subprocess.Popen([sys.executable, "-c", ENTRY, *args], env=env, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("Kvasir serves llama (none, cpu), qwen2 (none, cpu) at "), (
+            line, process.stderr.read() if process.poll() else "")
+        url = line.split(" at ")[-1].strip()
+        with urllib.request.urlopen(f"{url}/models", timeout=30) as response:
+            assert [m["id"] for m in json.load(response)["data"]] == ["llama", "qwen2", "auto"]
+        body = {"model": "auto", "messages": [{"role": "user", "content": "```\nx = 1\n```"}], "max_tokens": 3}
+        request = urllib.request.Request(f"{url}/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.headers["X-Kvasir-Routed-To"] == "qwen2"
+            assert json.load(response)["model"] == "qwen2"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--model", "default@int3"], "'int3' is not a quantisation"),
+    (["--routes", "no-such-file.json"], "could not read the routes in no-such-file.json"),
+])
+def test_bad_models_and_routes_are_refused_before_anything_loads(extra, message, capsys):
+    assert main(["serve", "--port", "0", *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -15,6 +15,7 @@ import pytest
 from app.data.settings import DEFAULTS, Settings, load_presets
 from app.dialogs.preferences import PreferencesDialog
 from engine import EngineConfig, RequestSnapshot
+from engine.serving.async_engine import UnknownModel
 from tests.helpers.fake_engine import fake_stats
 
 
@@ -25,8 +26,16 @@ class ServingEngine:
         self.alive, self.failure = True, None
         self._stats = fake_stats(model_name=model_name)
 
-    def stats(self):
+    def stats(self, model=None):
         return self._stats
+
+    def model_ids(self) -> list[str]:
+        return [self._stats.model_name]
+
+    def model_id(self, model=None) -> str:
+        if model not in (None, self._stats.model_name):
+            raise UnknownModel(model, self.model_ids())
+        return self._stats.model_name
 
 
 def free_port() -> int:
