@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import platform
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,15 @@ from .errors import ModelLoadError
 from .models.sizes import MEMORY_SHARE, float_weight_bytes, kv_bytes_per_token
 
 NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU while NVIDIA's Linux driver is loaded
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the OS gives it (benchmarks name the CPU they ran on)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def resolve_device(spec: str) -> tuple[torch.device, str]:

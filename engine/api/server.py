@@ -70,8 +70,7 @@ class OpenAIRoutes:
     def __init__(self, engines: EngineSource, routing: Routes | None = None) -> None:
         self.engines = engines
         self.created = int(time.time())
-        self.routes_given = routing is not None
-        self.router = Router(routing or Routes())
+        self.router = Router(routing)
 
     async def list_models(self, request: HttpRequest) -> Response:
         """The resident models, the primary first; ``auto`` too where several are resident."""
@@ -124,17 +123,7 @@ class OpenAIRoutes:
 
     def _route(self, engine: AsyncEngine, api: ApiRequest) -> Decision:
         """Where a request for ``auto`` goes (see :mod:`engine.routing.router`)."""
-        ids = engine.model_ids()
-        if not self.routes_given:  # the default routes follow the models resident now
-            self.router.routes = Routes.default_for({i: engine.stats(i).model_memory_bytes for i in ids})
-
-        def resolve(name: str) -> str | None:
-            try:
-                return engine.model_id(name)
-            except UnknownModel:
-                return None
-
-        return self.router.route(Request.of(api.prompt), ids, engine.model_id(), resolve)
+        return self.router.route_on(engine, Request.of(api.prompt))
 
     async def _generate(self, request: HttpRequest, api: ApiRequest) -> Response:
         """Start the ``n`` requests and wait for their first outputs before answering, so that a request the

@@ -200,23 +200,42 @@ class Routes:
     @classmethod
     def default_for(cls, models: dict[str, int]) -> Routes:
         """Routes for resident ``models`` (id -> memory of their weights) when none were given: the model with
-        the most weight bytes for code, long messages and questions that ask for reasoning; the one with the
-        fewest (the fastest) for everything else."""
+        the most weight bytes for code (attached, or asked for), long messages and questions that ask for
+        reasoning; the one with the fewest (the fastest) for everything else."""
         if len(models) < 2:
             return cls([], next(iter(models), None))
         large = max(models, key=models.get)
         small = min(models, key=models.get)
         return cls([Rule(large, has_code=True), Rule(large, min_chars=600),
+                    Rule(large, keywords=("code", "function", "python", "program", "script", "debug")),
                     Rule(large, keywords=("why", "explain", "prove", "calculate", "step by step", "compare"))],
                    small)
 
 
 class Router:
-    """Routes requests by :class:`Routes`, remembering where each conversation went (sticky routing)."""
+    """Routes requests by :class:`Routes`, remembering where each conversation went (sticky routing).
 
-    def __init__(self, routes: Routes) -> None:
-        self.routes = routes
+    ``routes`` None: :meth:`Routes.default_for` the models resident when each request is routed."""
+
+    def __init__(self, routes: Routes | None = None) -> None:
+        self.given = routes is not None
+        self.routes = routes if routes is not None else Routes()
         self._conversations: OrderedDict[str, str] = OrderedDict()
+
+    def route_on(self, engine, request: Request, fresh: bool = False) -> Decision:
+        """The decision among the models resident in ``engine`` (an :class:`~engine.AsyncEngine`): a rule's model
+        is any name a resident model answers to."""
+        ids = engine.model_ids()
+        if not self.given:  # the default routes follow the models resident now
+            self.routes = Routes.default_for({i: engine.stats(i).model_memory_bytes for i in ids})
+
+        def resolve(name: str) -> str | None:
+            try:
+                return engine.model_id(name)
+            except LookupError:
+                return None
+
+        return self.route(request, ids, engine.model_id(), resolve, fresh)
 
     def route(self, request: Request, resident: list[str], primary: str, resolve=None,
               fresh: bool = False) -> Decision:

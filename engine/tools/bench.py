@@ -8,7 +8,6 @@ measured side by side, never asserted.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..config import EngineConfig
+from ..devices import cpu_name
 from ..sampling_params import SamplingParams
 from ..serving.engine import Engine
 from . import peers
@@ -469,12 +469,7 @@ def machine_info() -> dict:
     import psutil
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_name()
     ram = psutil.virtual_memory().total
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": ram, "os": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,

@@ -158,6 +158,15 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
                           help="the KV cache formats instead: quality against a float32 cache and decode speed, "
                                "kept for kv_cache_dtype=auto")
     evaluate.add_argument("--quant", default="auto", choices=QUANTIZATIONS, help="the weights' quantisation (--kv)")
+    route = commands.add_parser("eval-route", help="accuracy, TTFT and speed of each model of a route on a small task "
+                                "set, and what the router chooses (kept for the app's routing dialog)")
+    engine_args(route, several_models=True)
+    route.add_argument("--routes", default=None, metavar="FILE",
+                       help="the routing rules (JSON, as for serve); by default the default routes for the models")
+    route.add_argument("--per-category", type=int, default=None, metavar="N",
+                       help="only the first N tasks of each kind")
+    route.add_argument("--json", action="store_true", help="end with the whole evaluation as JSON")
+    route.add_argument("--no-save", dest="save", action="store_false", help="keep no copy for the app")
     return parser
 
 
@@ -270,8 +279,7 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        configs = [config_from(args, spec) for spec in args.model or ["default"]]
-        configs[1:] = [dataclasses.replace(c, draft_model=None, speculation=_own_speculation(c)) for c in configs[1:]]
+        configs = resident_configs(args, ["default"])
         routes = _read_routes(args.routes) if args.routes else None
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -307,9 +315,12 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _own_speculation(config: EngineConfig) -> str:
-    """A model after the first drafts by lookup at most (``--draft-model`` drafts for the first)."""
-    return "auto" if config.speculation == "draft" else config.speculation
+def resident_configs(args, default: list[str]) -> list[EngineConfig]:
+    """One configuration per ``--model`` (``default`` where none is given). A model after the first drafts by
+    lookup at most: ``--draft-model`` drafts for the first."""
+    configs = [config_from(args, spec) for spec in args.model or default]
+    return configs[:1] + [dataclasses.replace(c, draft_model=None, speculation="auto" if c.speculation == "draft"
+                                              else c.speculation) for c in configs[1:]]
 
 
 def _read_routes(path: str):
@@ -448,10 +459,24 @@ def _eval_kv(args) -> int:
     return 0
 
 
+def cmd_eval_route(args) -> int:
+    from ..routing import evaluation
+
+    configs = resident_configs(args, ["default", "default@none"])
+    routes = _read_routes(args.routes) if args.routes else None
+    result = evaluation.run(configs, routes, args.per_category, progress=lambda m: print(m, file=sys.stderr))
+    print(result.markdown())
+    if args.save:
+        print(f"saved for the app: {evaluation.save(result)}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    return 0
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m engine") -> int:
     args = build_parser(prog).parse_args(argv)
     commands = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench,
-                "models": cmd_models, "eval-quant": cmd_eval_quant}
+                "models": cmd_models, "eval-quant": cmd_eval_quant, "eval-route": cmd_eval_route}
     try:
         return commands[args.command](args)
     except (EngineError, ValueError) as exc:

@@ -119,6 +119,7 @@ def test_default_routes_send_hard_requests_to_the_largest_model():
     routes = Routes.default_for({"small": 100, "large": 400})
     assert route(routes, ask("```x = 1```")).model == "large"
     assert route(routes, ask("Why is the sky blue?")).model == "large"
+    assert route(routes, ask("Write a Python function that adds two numbers.")).model == "large"
     assert route(routes, ask("a" * 700)).model == "large"
     assert route(routes, ask("Hello!")).model == "small"
     assert Routes.default_for({"only": 1}) == Routes([], "only")
