@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from PySide6.QtCore import QObject, Signal
@@ -13,7 +14,7 @@ from ..data.drafted_spans import KEPT_DRAFT_SPANS
 from ..data.settings import DEFAULTS
 from ..data.store import Message, Status, StoreWriteError
 from .conversations import Conversations
-from .reply_sources import ReplySources
+from .reply_sources import Placement, ReplySources
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
 STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
@@ -47,14 +48,15 @@ class ChatController(QObject):
         user = self.conversations.add_message(conversation_id, "user", text, parent_id=head)
         return self._start(conversation_id, user.id)
 
-    def regenerate(self, conversation_id: int) -> asyncio.Task | None:
-        """Write the last reply again; the old one stays as a previous version."""
+    def regenerate(self, conversation_id: int, model: str | None = None) -> asyncio.Task | None:
+        """Write the last reply again (on the resident ``model`` where given: the user's override of the
+        router); the old one stays as a previous version."""
         thread = self.conversations.thread(conversation_id)
         last_user = next((m for m in reversed(thread) if m.role == "user"), None)
         if last_user is None or self.is_generating(conversation_id):
             return None
         self.conversations.show_up_to(conversation_id, last_user.id)
-        return self._start(conversation_id, last_user.id)
+        return self._start(conversation_id, last_user.id, chosen=model)
 
     def edit(self, conversation_id: int, message_id: int, text: str) -> asyncio.Task:
         """Replace a user message and what followed it; the old branch is kept as a previous version."""
@@ -118,8 +120,9 @@ class ChatController(QObject):
         settings = {**DEFAULTS["sampling"], **self.conversations.get(conversation_id).settings}
         return SamplingParams(**{k: v for k, v in settings.items() if k in SamplingParams.__slots__})
 
-    def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None) -> asyncio.Task:
-        task = asyncio.ensure_future(self._generate(conversation_id, parent_id, continuing))
+    def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
+               chosen: str | None = None) -> asyncio.Task:
+        task = asyncio.ensure_future(self._generate(conversation_id, parent_id, continuing, chosen))
         self.tasks[conversation_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(conversation_id, None))
         return task
@@ -134,16 +137,17 @@ class ChatController(QObject):
             return None
         return self._start(conversation_id, reply.parent_id, continuing=reply)
 
-    async def _generate(self, conversation_id: int, parent_id: int,
-                        continuing: Message | None = None) -> Message | None:
+    async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
+                        chosen: str | None = None) -> Message | None:
         messages = self.messages_for_model(conversation_id)  # a continued reply is its last message
         source = self.sources.of(conversation_id)
+        earlier_route = continuing.stats.get("route") if continuing is not None else None
+        placement, refused = _place(source, messages, chosen, earlier_route)
         if continuing is None:
-            model, quantization = source.model_names()
             try:
                 reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
-                                                       status=Status.PARTIAL, model=model,
-                                                       quantization=quantization)
+                                                       status=Status.PARTIAL, model=placement.model_name,
+                                                       quantization=placement.quantization)
             except StoreWriteError as exc:  # no reply can be kept: none is started, and the user is told
                 self.reply_failed.emit(conversation_id, f"No reply was started: {exc}.")
                 return None
@@ -154,8 +158,10 @@ class ChatController(QObject):
         self.reply_started.emit(conversation_id, reply.id)
         text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
         try:
+            if refused is not None:
+                raise refused
             sampling = self.sampling_for(conversation_id)
-            stream = source.stream(messages, sampling)
+            stream = source.stream(messages, sampling, placement)
             self.request_owners[stream.request_id] = conversation_id
             async for out in stream:
                 if last is None and out.metrics.ttft_s is not None:
@@ -177,10 +183,24 @@ class ChatController(QObject):
             self._unfinished.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
             metrics = _metrics(last, earlier, _offset(text, last))
+            if placement.route is not None:
+                metrics["route"] = placement.route
             stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
                                                        stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
         return stored
+
+
+def _place(source, messages: list[dict], chosen: str | None,
+           earlier_route: dict | None) -> tuple[Placement, Exception | None]:
+    """Where the reply goes (a routed reply being continued: where it started, for the same reason); a placement
+    with no model and the reason where that cannot be decided (the reply then ends with that reason)."""
+    try:
+        if earlier_route is not None and chosen is None:
+            return dataclasses.replace(source.place(messages, earlier_route["model"]), route=earlier_route), None
+        return source.place(messages, chosen), None
+    except Exception as exc:  # the router found no model, or the chosen one was unloaded: the reply says so
+        return Placement(None, None, None), exc
 
 
 def _metrics(out, earlier: dict | None = None, offset: int = 0) -> dict:

@@ -64,10 +64,11 @@ class ReplyFlow(QObject):
         self.controller.stop(current)
         return True
 
-    def regenerate(self) -> asyncio.Task | None:
+    def regenerate(self, model: str | None = None) -> asyncio.Task | None:
+        """Write the last reply again (on the resident ``model`` where given: the user overriding the router)."""
         if self.actions.current is None or not self.source().ready:
             return None
-        return self.controller.regenerate(self.actions.current)
+        return self.controller.regenerate(self.actions.current, model)
 
     def continue_reply(self, message_id: int) -> asyncio.Task | None:
         if self.actions.current is None or not self.source().ready:

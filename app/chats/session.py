@@ -10,10 +10,11 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 
 from engine import ModelLibrary
+from engine.routing.router import Router, Routes
 
 from ..data.personas import Personas
 from ..data.remote_store import RemoteServerStore
-from ..data.settings import Settings, load_presets
+from ..data.settings import Settings, load_presets, routes_of
 from ..data.store import Store
 from ..engines.bridge import ChatEngine
 from ..engines.local_api import LocalApi
@@ -38,11 +39,19 @@ class ChatSession(QObject):
         self.personas = Personas(store, load_presets(), self.settings, self)
         self.conversations = Conversations(store, self)
         self.remote = remote if remote is not None else RemoteEngines(RemoteServerStore(), self)
-        self.sources = ReplySources(self.conversations, bridge, self.remote)
+        self.router = Router(routes_of(self.settings))
+        self.sources = ReplySources(self.conversations, bridge, self.remote, self.router)
         self.controller = ChatController(self.conversations, self.sources, self)
         self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)
         self.tokens = TokenCounter(bridge.count_tokens)
         self.local_api = LocalApi(lambda: getattr(bridge, "engine", None), self)  # the bridge's own engine
+
+    def set_routes(self, routes: Routes | None) -> None:
+        """Routed chats follow ``routes`` from now on (None: the default routes for the resident models); saved
+        with the settings."""
+        self.settings["routes"] = routes.to_dict() if routes is not None else None
+        self.settings.save()
+        self.router.follow(routes)
 
     def start(self) -> None:
         """Serve the local API if the settings ask for it, open the latest chat, ask the servers for models

@@ -8,8 +8,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import CHAT_SAMPLING, DEFAULT_API_HOST, DEFAULT_API_PORT, KV_CACHE_DTYPES, SPECULATION_MODES, SamplingParams
+from engine import (
+    CHAT_SAMPLING,
+    DEFAULT_API_HOST,
+    DEFAULT_API_PORT,
+    KV_CACHE_DTYPES,
+    SPECULATION_MODES,
+    EngineConfig,
+    SamplingParams,
+)
 from engine.models.draft_candidates import DRAFT_QUANTIZATION
+from engine.routing.router import Routes
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +41,9 @@ DEFAULTS = {
     # per model and quantisation (draft_key): the model loaded beside it, as int4, to write drafts (auto uses them
     # where they pay; the model bar offers the ones that can); a change reloads
     "drafts": {},
+    # the rules that pick the model of a chat set to "Auto (routed)" (engine.routing.router.Routes.to_dict); None:
+    # the default routes for the models resident at the time (Tools > Routing edits them)
+    "routes": None,
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
 }
@@ -132,6 +144,8 @@ class Settings:
                 self.values["sampling"].update(valid_sampling(known))
             elif key == "api" and isinstance(value, dict):
                 self.values["api"].update(self._valid_api(value))
+            elif key == "routes":
+                self.values["routes"] = self._valid_routes(value)
             elif key in DEFAULTS and _valid_value(key, value):
                 self.values[key] = value
             elif key in DEFAULTS:
@@ -149,6 +163,16 @@ class Settings:
             else:
                 log.warning("ignoring the draft model %r for %s in %s: not a model", draft, model, self.path)
         return kept
+
+    def _valid_routes(self, saved) -> dict | None:
+        """Routes the router can follow, or None (the default routes) with a logged warning saying why not."""
+        if saved is None:
+            return None
+        try:
+            return Routes.from_dict(saved).to_dict()
+        except ValueError as exc:
+            log.warning("ignoring the routes in %s: %s", self.path, exc)
+            return None
 
     def _valid_api(self, saved: dict) -> dict:
         """The endpoint settings of the right type; the others keep their defaults (with a logged warning)."""
@@ -196,6 +220,17 @@ def engine_load_options(settings, model: str, quantization: str) -> dict:
     two: the CPU ones, the KV cache's format and disk tier, speculative decoding's mode, and the draft model."""
     return {**engine_cpu_options(settings), **{key: settings[key] for key in LOAD_SETTINGS},
             "speculation": settings["speculation"], **draft_options(settings, model, quantization)}
+
+
+def local_config(settings, model: str, quantization: str) -> EngineConfig:
+    """The configuration that loads ``model`` in ``quantization`` with every other setting as the user set it."""
+    return EngineConfig(model=model, quantization=quantization, device=settings["device"],
+                        **engine_load_options(settings, model, quantization))
+
+
+def routes_of(settings) -> Routes | None:
+    """The routing rules the user set (None: the default routes for the resident models)."""
+    return Routes.from_dict(settings["routes"]) if settings["routes"] is not None else None
 
 
 def draft_key(model: str, quantization: str) -> str:

@@ -16,6 +16,7 @@ from typing import Protocol
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from engine import AsyncEngine, EngineConfig, EngineStats, RequestOutput, SamplingParams, check_kv_formats
+from engine.serving.resident import room_for
 
 STATS_INTERVAL_MS = 250
 
@@ -32,16 +33,20 @@ class ChatEngine(Protocol):
     """What the window and the controller use of the engine. :class:`EngineBridge` is the real one; the tests'
     scripted bridge provides the same.
 
-    Signals: ``load_progress(fraction, phrase)``, ``loaded(EngineStats)``, ``load_failed(reason)``,
-    ``stats_updated(EngineStats)``, ``engine_failed(reason)``.
+    Signals: ``load_progress(fraction, phrase)``, ``loaded(EngineStats)`` (also when the chat on screen moves to
+    another resident model), ``load_failed(reason)``, ``stats_updated(EngineStats)``, ``models_updated(dict)``
+    (every resident model's stats by id), ``engine_failed(reason)``.
     """
 
     load_progress: Signal
     loaded: Signal
     load_failed: Signal
     stats_updated: Signal
+    models_updated: Signal
     engine_failed: Signal
-    config: EngineConfig | None  # the configuration that serves (or loads)
+    config: EngineConfig | None  # the configuration of the model on screen (or loading)
+    resident: dict[str, EngineConfig]  # every resident model's id and the configuration that loaded it
+    focused: str | None  # the id of the model on screen
     loading: bool
     failure: str | None
     load_error: str | None
@@ -56,15 +61,29 @@ class ChatEngine(Protocol):
 
     async def switch(self, config: EngineConfig) -> None: ...
 
+    async def show(self, config: EngineConfig) -> None: ...
+
+    async def unload(self, model: str) -> None: ...
+
+    def resident_id(self, config: EngineConfig) -> str | None: ...
+
+    def reloads(self, config: EngineConfig) -> bool: ...
+
+    def focus(self, model: str) -> None: ...
+
+    def room_for(self, config: EngineConfig) -> list[str] | None: ...
+
     def restart(self) -> None: ...
 
     def shutdown(self) -> None: ...
 
-    def stream(self, messages: list[dict], sampling: SamplingParams) -> ReplyStream: ...
+    def stream(self, messages: list[dict], sampling: SamplingParams, model: str | None = None) -> ReplyStream: ...
 
-    def count_tokens(self, messages: list[dict]) -> int: ...
+    def count_tokens(self, messages: list[dict], model: str | None = None) -> int: ...
 
-    def stats(self) -> EngineStats | None: ...
+    def stats(self, model: str | None = None) -> EngineStats | None: ...
+
+    def all_stats(self) -> dict[str, EngineStats]: ...
 
     def set_cpu_options(self, threads: int | None, lower_priority: bool) -> Future | None: ...
 
@@ -80,12 +99,16 @@ class EngineBridge(QObject):
 
     One load runs at a time: a switch asked for while the first model loads waits for it and then runs (the
     latest one asked for wins), so there is never a second engine thread holding a model nobody uses.
+
+    Several models may be resident (:meth:`show` loads one beside the others, :meth:`unload` gives one back); the
+    one on screen (``focused``) is what ``config``, :meth:`stats` and a request naming no model mean.
     """
 
     load_progress = Signal(float, str)
     loaded = Signal(object)  # EngineStats
     load_failed = Signal(str)
-    stats_updated = Signal(object)  # EngineStats
+    stats_updated = Signal(object)  # EngineStats of the model on screen
+    models_updated = Signal(object)  # {model id: EngineStats} of every resident model
     engine_failed = Signal(str)  # the engine thread died; the reason
     _load_done = Signal(object, str)  # from the load thread: the engine or None, and why it failed
     _died = Signal(int, str)  # from the engine thread: which engine (generation), and why
@@ -94,6 +117,8 @@ class EngineBridge(QObject):
         super().__init__(parent)
         self.engine: AsyncEngine | None = None
         self.config: EngineConfig | None = None
+        self.resident: dict[str, EngineConfig] = {}
+        self.focused: str | None = None
         self.loading = False
         self.load_error: str | None = None  # why the last load failed
         self.failure: str | None = None  # why the engine stopped serving; None while it serves
@@ -161,6 +186,8 @@ class EngineBridge(QObject):
             self.load_error = error
             self.load_failed.emit(error)
         else:
+            self.focused = engine.model_id()
+            self.resident = {self.focused: self.config}
             self._timer.start()
             self._catch_up_cpu_options(engine)
             self.loaded.emit(engine.stats())
@@ -182,24 +209,96 @@ class EngineBridge(QObject):
         self.load_progress.emit(fraction, phrase)
 
     async def switch(self, config: EngineConfig) -> None:
-        """Switch model or quantisation; on failure the previous model keeps serving and load_failed says why.
+        """Load ``config`` in place of the model on screen (another model, quantisation or KV format); on failure
+        the previous model keeps serving and load_failed says why.
 
         With no engine yet (or a dead one) this loads ``config`` in the background; during the first load it
         is queued behind it."""
-        if self.engine is None or self.failure is not None or not self.engine.alive:
+        if not self._engine_serves():
             self._replace_engine(config)
             return
         self.loading = True
+        old = self.focused
         try:
-            await self.engine.switch_model(config, progress=self._report_progress)
+            before = set(self.engine.model_ids()) - {old}
+            await self.engine.switch_model(config, progress=self._report_progress, model=old)
         except Exception as exc:
             self.load_error = str(exc)
             self.load_failed.emit(str(exc))
         else:
-            self.config = config
-            self.loaded.emit(self.engine.stats())
+            new = next(i for i in self.engine.model_ids() if i not in before)
+            self.resident = {(new if i == old else i): (config if i == old else c) for i, c in self.resident.items()}
+            self.focus(new)
         finally:
             self.loading = False
+
+    async def show(self, config: EngineConfig) -> None:
+        """The chat on screen runs on ``config``'s model: at once where it is resident with the same load options,
+        reloaded in place where only its options differ (KV format, draft), else loaded beside the others
+        (the caller makes room first, see :meth:`room_for`). On failure load_failed says why and the model
+        on screen stays."""
+        if not self._engine_serves():
+            self._replace_engine(config)
+            return
+        found = self.resident_id(config)
+        if found is not None and not self.reloads(config):
+            self.focus(found)
+        elif found is not None:
+            self.focused = found
+            await self.switch(config)
+        else:
+            await self._load_beside(config)
+
+    async def _load_beside(self, config: EngineConfig) -> None:
+        self.loading = True
+        try:
+            new = await self.engine.load_model(config, progress=self._report_progress)
+        except Exception as exc:
+            self.load_error = str(exc)
+            self.load_failed.emit(str(exc))
+        else:
+            self.resident[new] = config
+            self.focus(new)
+        finally:
+            self.loading = False
+
+    async def unload(self, model: str) -> None:
+        """Unload the resident model ``model`` (an id): its replies end saying so and its memory goes back; the
+        model on screen moves to the first resident one when it was that model."""
+        await self.engine.unload_model(model)
+        self.resident.pop(model, None)
+        if self.focused == model:
+            self.focus(self.engine.model_id())
+        else:
+            self._poll_stats()
+
+    def resident_id(self, config: EngineConfig) -> str | None:
+        """The id of the resident model loaded from ``config``'s model at its quantisation, None where there is
+        none."""
+        return next((i for i, c in self.resident.items()
+                     if (c.model, c.quantization) == (config.model, config.quantization)), None)
+
+    def reloads(self, config: EngineConfig) -> bool:
+        """Whether showing ``config`` rebuilds a resident model in place (the same model, other load options)."""
+        found = self.resident_id(config)
+        return found is not None and load_options(self.resident[found]) != load_options(config)
+
+    def room_for(self, config: EngineConfig, estimate=None) -> list[str] | None:
+        """The resident models to unload, least recently used first, for ``config``'s model to fit beside the
+        rest: [] where it fits now (or is resident), None where it would not fit even with every other model
+        unloaded. The model on screen is never among them (see :func:`engine.serving.resident.room_for`)."""
+        if not self._engine_serves() or self.resident_id(config) is not None:
+            return []
+        return room_for(self.engine, config, {self.focused}, estimate)
+
+    def focus(self, model: str) -> None:
+        """Show ``model`` (a resident id) as the model on screen."""
+        self.focused, self.config = model, self.resident[model]
+        self.loaded.emit(self.engine.stats(model))
+        self._poll_stats()
+
+    def _engine_serves(self) -> bool:
+        return self.engine is not None and self.failure is None and self.engine.alive
 
     def restart(self) -> None:
         """Shut the dead engine down and load a fresh one with the last configuration, in the background."""
@@ -222,18 +321,33 @@ class EngineBridge(QObject):
         self._timer.stop()
         self.engine_failed.emit(reason)
 
-    def stream(self, messages: list[dict], sampling: SamplingParams) -> ReplyStream:
-        """Stream a reply to chat ``messages``; leaving the loop stops it."""
-        return self.engine.stream(messages, sampling)
+    def stream(self, messages: list[dict], sampling: SamplingParams, model: str | None = None) -> ReplyStream:
+        """Stream a reply to chat ``messages`` on the resident model ``model`` (None: the one on screen); leaving
+        the loop stops it."""
+        return self.engine.stream(messages, sampling, model=model or self.focused)
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        """Prompt tokens of ``messages`` with the chat template, as the engine will count them (any thread).
-        ``PromptTooLong`` when they hold more than the context can; ``ValueError`` when the template refuses them."""
-        return len(self.engine.encode_prompt(messages))
+    def count_tokens(self, messages: list[dict], model: str | None = None) -> int:
+        """Prompt tokens of ``messages`` with the chat template of ``model`` (None: the one on screen), as the
+        engine will count them (any thread). ``PromptTooLong`` when they hold more than the context can;
+        ``ValueError`` when the template refuses them."""
+        return len(self.engine.encode_prompt(messages, model or self.focused))
 
-    def stats(self) -> EngineStats | None:
-        """The latest engine snapshot, or None before the first model has loaded."""
-        return self.engine.stats() if self.engine else None
+    def stats(self, model: str | None = None) -> EngineStats | None:
+        """The latest snapshot of ``model`` (None: the one on screen), or None before the first model has
+        loaded."""
+        if self.engine is None:
+            return None
+        try:
+            return self.engine.stats(model or self.focused)
+        except LookupError:  # unloaded since: the first resident model's
+            return self.engine.stats()
+
+    def all_stats(self) -> dict[str, EngineStats]:
+        """Every resident model's latest snapshot, by id, in the order they were loaded."""
+        if self.engine is None:
+            return {}
+        every = self.engine.all_stats()
+        return {i: every[i] for i in self.engine.model_ids() if i in every}
 
     def set_cpu_options(self, threads: int | None, lower_priority: bool) -> Future | None:
         """The engine's CPU threads (None: adapt) and priority, now, between two steps; kept for later loads.
@@ -243,9 +357,7 @@ class EngineBridge(QObject):
             self.config = dataclasses.replace(self.config, **options)
         if self._pending is not None:
             self._pending = dataclasses.replace(self._pending, **options)
-        if self.engine is None or not self.engine.alive:
-            return None
-        return self.engine.call(lambda engine: engine.set_cpu_options(threads, lower_priority))
+        return self._on_every_model(lambda engine: engine.set_cpu_options(threads, lower_priority))
 
     def set_speculation(self, mode: str) -> Future | None:
         """Speculative decoding's mode (``engine.SPECULATION_MODES``), now, between two steps; kept for later
@@ -254,27 +366,34 @@ class EngineBridge(QObject):
             self.config = dataclasses.replace(self.config, speculation=mode)
         if self._pending is not None:
             self._pending = dataclasses.replace(self._pending, speculation=mode)
+        return self._on_every_model(lambda engine: engine.set_speculation(mode))
+
+    def _on_every_model(self, change) -> Future | None:
+        """Run ``change(engine)`` for every resident model on the engine thread; the future of the last, which
+        the engine thread runs after the others (None while no engine serves)."""
         if self.engine is None or not self.engine.alive:
             return None
-        return self.engine.call(lambda engine: engine.set_speculation(mode))
+        futures = [self.engine.call(change, model) for model in self.resident or [None]]
+        return futures[-1]
 
     def check_kv_formats(self) -> Future | None:
         """The serving model's KV cache formats against a float32 cache (:func:`engine.check_kv_formats`), on
         the engine thread: replies pause while it runs. None while no engine serves."""
         if self.engine is None or not self.engine.alive:
             return None
-        return self.engine.call(check_kv_formats)
+        return self.engine.call(check_kv_formats, self.focused)
 
     def clear_disk_cache(self) -> Future | None:
         """Delete the serving model's KV blocks on disk (on the engine thread); the future gives the bytes freed.
         None while no engine serves."""
         if self.engine is None or not self.engine.alive:
             return None
-        return self.engine.call(lambda engine: engine.clear_disk_cache())
+        return self.engine.call(lambda engine: engine.clear_disk_cache(), self.focused)
 
     def _poll_stats(self) -> None:
         if self.engine is not None:
-            self.stats_updated.emit(self.engine.stats())
+            self.stats_updated.emit(self.stats())
+            self.models_updated.emit(self.all_stats())
 
     def shutdown(self) -> None:
         """Stop the engine thread; a model still loading is shut down as soon as its load finishes."""
@@ -285,6 +404,11 @@ class EngineBridge(QObject):
         self._pending = None
         if engine is not None:
             engine.shutdown()
+
+
+def load_options(config: EngineConfig) -> tuple:
+    """What a model is loaded with besides its name and quantisation: a change reloads it."""
+    return (config.device, config.dtype, config.kv_cache_dtype, config.kv_disk_cache, config.draft_model)
 
 
 async def wait_for(signal, timeout: float):

@@ -95,6 +95,15 @@ def stats_line(message: Message) -> str:
     return " · ".join(parts)
 
 
+def route_line(message: Message) -> str:
+    """How a routed reply's model was chosen: 'Routed to X: the message has code' or 'Run on X: chosen by you'."""
+    route = message.stats.get("route")
+    if not isinstance(route, dict) or not route.get("model"):
+        return ""
+    verb = "Routed to" if route.get("by") == "router" else "Run on"
+    return f"{verb} {route['model']}: {route.get('reason', '')}".rstrip(": ")
+
+
 def finished_announcement(message: Message) -> str:
     """What a screen reader says when a reply ends: how it ended, and its length."""
     if message.status == Status.ERROR:
@@ -110,6 +119,12 @@ def was_cut(message: Message) -> bool:
     """A finished reply that stopped at max_tokens rather than where the model ended it."""
     return message.role == "assistant" and message.status == Status.COMPLETE and \
         message.stats.get("finish_reason") == "length"
+
+
+def _other_models(message: Message) -> list[str]:
+    """The models a routed reply can be written again on: those resident when it was routed."""
+    route = message.stats.get("route")
+    return [m for m in route.get("others", []) if isinstance(m, str)] if isinstance(route, dict) else []
 
 
 class MessageWidget(QFrame):
@@ -232,7 +247,7 @@ class MessageWidget(QFrame):
                 note = f"Failed: {message.error}"
             if was_cut(message) and not live:
                 note = LENGTH_NOTE
-            parts = [p for p in (stats_line(message) if not live else "", note) if p]
+            parts = [p for p in (route_line(message), stats_line(message) if not live else "", note) if p]
         self.footer.setText(" · ".join(parts))
         self.footer.setVisible(bool(parts))
         self.setAccessibleDescription(self.footer.text())
@@ -253,6 +268,9 @@ class MessageWidget(QFrame):
                                 lambda: self.view.ask(MessageAction.CONTINUE, message.id))
             self.add_button("Regenerate", "Write this reply again (Ctrl+R)",
                             lambda: self.view.ask(MessageAction.REGENERATE, message.id))
+            for other in _other_models(message):
+                self.add_button(f"Run on {other}", f"Write this reply again on {other}, and keep the chat there",
+                                lambda _=False, model=other: self.view.run_on.emit(message.id, model))
         if version is not None and version[1] > 1:
             number, count = version
             self.add_button("‹", "Earlier version", lambda: self.view.ask(MessageAction.PREVIOUS, message.id))
@@ -337,6 +355,7 @@ class ChatView(QScrollArea):
 
     copied = Signal(str)
     action = Signal(object, int)  # MessageAction, message id
+    run_on = Signal(int, str)  # a routed reply's message id, and the resident model to write it again on
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)

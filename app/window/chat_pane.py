@@ -58,6 +58,7 @@ class ChatPane(QWidget):
         self.composer.send.connect(self.send)
         self.composer.stop.connect(self.stop)
         self.chat.action.connect(self.message_action)
+        self.chat.run_on.connect(lambda _message_id, model: self.flow.regenerate(model))
         meter.counted.connect(self.composer.set_context)
         meter.counted_by_server.connect(lambda: self.composer.context.setText("context: counted by the server"))
         session.actions.opened.connect(self._opened)

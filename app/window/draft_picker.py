@@ -8,6 +8,8 @@ offered; replies are the same whichever is picked, only their speed and the memo
 
 from __future__ import annotations
 
+import contextlib
+
 from PySide6.QtCore import QObject, QSize, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox
 
@@ -65,7 +67,7 @@ class DraftPicker(QComboBox):
         self._question, self._chosen = question, chosen
         self._show_only(CHECKING)
         found = self._found
-        QThreadPool.globalInstance().start(lambda: found.done.emit(question, _candidates(*question)))
+        QThreadPool.globalInstance().start(lambda: _look(found, question))
 
     def sizeHint(self) -> QSize:
         """As wide as the draft shown; a narrow bar shrinks it to :meth:`minimumSizeHint` (the text elided)."""
@@ -111,3 +113,10 @@ class DraftPicker(QComboBox):
         self._chosen = spec
         if not self.checking():
             self.setCurrentIndex(max(0, self.findData(spec)))
+
+
+def _look(found: _Found, question: tuple) -> None:
+    """On a pool thread: the drafts for ``question``, answered through ``found``."""
+    candidates = _candidates(*question)
+    with contextlib.suppress(RuntimeError):  # the bar was closed and its answerer deleted while this looked
+        found.done.emit(question, candidates)

@@ -144,6 +144,7 @@ class MainWindow(QMainWindow):
         self.sidebar.new_requested.connect(self.actions.new)
         self.actions.opened.connect(self.sidebar.select)
         self.actions.opened.connect(self._show_source)
+        self.actions.opened.connect(self.switcher.follow)
         self.actions.notice.connect(lambda text, ms: self.statusBar().showMessage(text, ms))
         self.actions.undo_available.connect(self.undo_button.setVisible)
         self.undo_button.clicked.connect(self.actions.undo_delete)
@@ -158,8 +159,9 @@ class MainWindow(QMainWindow):
 
     def _show_source(self, *_opened) -> None:
         """The model bar, the panel and the metrics polling follow where the chat on screen runs."""
-        choice = self.flow.source().remote
-        self.model_bar.show_remote(choice)
+        source = self.flow.source()
+        choice = source.remote
+        self.model_bar.show_remote(choice, routed=source.routed)
         self.side.show_source(choice)
         self.remote.watch(choice.server_id if choice else None)
 

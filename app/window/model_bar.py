@@ -5,7 +5,7 @@ The pickers show what serves: after a failed switch they return to the model tha
 successful load is remembered (``model``, ``quantization``, ``device``, and the draft for that model and
 quantisation in ``drafts``) so the next start opens on it. The remote servers' models follow the local ones;
 while the chat on screen runs on one of them (:meth:`ModelBar.show_remote`), the bar shows that model and its
-server instead.
+server instead. "Auto (routed)" lets the router pick a resident model for each message of the chat on screen.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPus
 
 from engine import AUTO_QUANTIZATION_RULE, QUANTIZATIONS, EngineConfig, EngineStats, ModelLibrary
 from engine.models.draft_candidates import DRAFT_QUANTIZATION
+from engine.routing.router import AUTO
 
 from ..data.remote_store import RemoteChoice
-from ..data.settings import Settings, engine_load_options, with_draft
+from ..data.settings import Settings, local_config, with_draft
 from ..engines.bridge import ChatEngine
 from ..engines.remote_engines import RemoteEngines
 from .draft_picker import DraftPicker
 
 REMOTE_ROLE = Qt.UserRole + 1  # a model bar item's RemoteChoice (local items hold their spec in Qt.UserRole)
+AUTO_LABEL = "Auto (routed)"
+AUTO_TIP = "Each message goes to the resident model the routing rules choose (Tools > Routing)"
 
 
 def add_remote_items(box: QComboBox, engines: RemoteEngines, shown: RemoteChoice | None) -> None:
@@ -64,6 +67,7 @@ class ModelBar(QWidget):
 
     switch_requested = Signal(object)  # EngineConfig
     remote_requested = Signal(object)  # RemoteChoice
+    auto_requested = Signal()  # the chat on screen is routed from now on
 
     def __init__(self, library: ModelLibrary, bridge: ChatEngine, settings: Settings, parent=None,
                  remote: RemoteEngines | None = None) -> None:
@@ -71,6 +75,7 @@ class ModelBar(QWidget):
         self.library, self.bridge, self.settings, self.remote = library, bridge, settings, remote
         self.serving: tuple[str, str] | None = None  # (model spec, quantisation) of the model that serves
         self.remote_shown: RemoteChoice | None = None  # the remote model the chat on screen runs on
+        self.routed_shown = False  # the chat on screen is routed
         self.model_box = QComboBox()
         self.model_box.setToolTip("Model (Ctrl+K)")
         self.model_box.setAccessibleName("Model")
@@ -118,6 +123,8 @@ class ModelBar(QWidget):
         self.model_box.clear()
         for entry in self.library.entries():
             self.model_box.addItem(entry.name, entry.spec)
+        self.model_box.addItem(AUTO_LABEL, AUTO)
+        self.model_box.setItemData(self.model_box.count() - 1, AUTO_TIP, Qt.ToolTipRole)
         if self.remote is not None:
             add_remote_items(self.model_box, self.remote, self.remote_shown)
         shown = index_of(self.model_box, self.remote_shown) if self.remote_shown else -1
@@ -136,17 +143,20 @@ class ModelBar(QWidget):
         model of the chat on screen."""
         if self.remote_shown is not None:
             self.model_box.setCurrentIndex(index_of(self.model_box, self.remote_shown))
+        elif self.routed_shown:
+            self.model_box.setCurrentIndex(self.model_box.findData(AUTO))
         elif self.serving is not None:
             self._show(*self.serving)
             self.draft_box.select(self.bridge.config.draft_model if self.bridge.config else None)
         else:  # nothing has loaded yet: the model being loaded, as at the start
             self._show(self.settings["model"], self.settings["quantization"])
 
-    def show_remote(self, choice: RemoteChoice | None) -> None:
-        """The chat on screen runs on ``choice`` (None: on the local engine): show that in the bar."""
-        self.remote_shown = choice
-        self.quant_box.setEnabled(choice is None)
-        self.draft_box.setVisible(choice is None)
+    def show_remote(self, choice: RemoteChoice | None, routed: bool = False) -> None:
+        """The chat on screen runs on ``choice`` (None: on the local engine; ``routed``: on the router's choice):
+        show that in the bar."""
+        self.remote_shown, self.routed_shown = choice, routed and choice is None
+        self.quant_box.setEnabled(choice is None and not self.routed_shown)
+        self.draft_box.setVisible(choice is None and not self.routed_shown)
         if choice is not None:
             if index_of(self.model_box, choice) < 0:
                 self.refill()
@@ -167,9 +177,10 @@ class ModelBar(QWidget):
         if choice is not None:
             self.remote_requested.emit(choice)
             return
-        model, quantization = self.model_box.currentData(), self.quant_box.currentText()
-        self._request(EngineConfig(model=model, quantization=quantization, device=self.settings["device"],
-                                   **engine_load_options(self.settings, model, quantization)))
+        if self.model_box.currentData() == AUTO:
+            self.auto_requested.emit()
+            return
+        self._request(local_config(self.settings, self.model_box.currentData(), self.quant_box.currentText()))
 
     def _draft_picked(self, draft: str | None) -> None:
         """Reload the serving model with ``draft`` beside it (kept as the model's draft once it loads)."""

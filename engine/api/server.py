@@ -25,13 +25,14 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import EngineDeadError, PromptTooLong
+from ..errors import EngineDeadError, EngineError, PromptTooLong
 from ..routing.router import AUTO, Decision, Request, Router, Routes
 from ..serving.async_engine import AsyncEngine, RequestStream, UnknownModel
 from ..serving.outputs import RequestOutput
 from .config import API_SOURCE, ApiConfig
 from .errors import ApiError, bad_field, encode, json_response, shown
 from .metrics import prometheus_text
+from .model_loader import NoRoom, NotLoadable, OnDemandModels
 from .protocol import ApiRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, model_card
 from .security import AccessGuard
@@ -45,11 +46,12 @@ class ClientGone(Exception):
 
 
 def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = None,
-               routing: Routes | None = None) -> Starlette:
+               routing: Routes | None = None, loader: OnDemandModels | None = None) -> Starlette:
     """The ASGI app over ``engines`` (an engine, or a function returning the engine that serves now);
-    ``routing``: the rules ``"model": "auto"`` follows (None: :meth:`Routes.default_for` the resident models)."""
+    ``routing``: the rules ``"model": "auto"`` follows (None: :meth:`Routes.default_for` the resident models);
+    ``loader``: loads a library model a request names when it is not resident (None: such a request is a 404)."""
     config = config or ApiConfig()
-    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines, routing)
+    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines, routing, loader)
     return Starlette(
         routes=[
             Route("/v1/models", routes.list_models, methods=["GET"]),
@@ -67,27 +69,44 @@ def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = N
 class OpenAIRoutes:
     """The endpoints, over whichever engine serves when a request arrives."""
 
-    def __init__(self, engines: EngineSource, routing: Routes | None = None) -> None:
+    def __init__(self, engines: EngineSource, routing: Routes | None = None,
+                 loader: OnDemandModels | None = None) -> None:
         self.engines = engines
         self.created = int(time.time())
         self.router = Router(routing)
+        self.loader = loader
 
     async def list_models(self, request: HttpRequest) -> Response:
-        """The resident models, the primary first; ``auto`` too where several are resident."""
+        """The resident models, the primary first; ``auto`` too where several are resident; with on-demand
+        loading, the library's other models after them (their ``status`` says they are not loaded)."""
         engine = self._engine()
         ids = engine.model_ids()
         primary = engine.model_id()
-        cards = [model_card(i, self.created) for i in [primary, *(i for i in ids if i != primary)]]
+        cards = [self._card(i, True) for i in [primary, *(i for i in ids if i != primary)]]
         if len(ids) > 1:
-            cards.append(model_card(AUTO, self.created))
+            cards.append(self._card(AUTO, True))
+        cards += [self._card(name, False) for name in self._available(engine)]
         return json_response({"object": "list", "data": cards})
 
     async def get_model(self, request: HttpRequest) -> Response:
         name = request.path_params["model"]
         engine = self._engine()
         if name == AUTO and len(engine.model_ids()) > 1:
-            return json_response(model_card(AUTO, self.created))
-        return json_response(model_card(self._model_id(engine, name), self.created))
+            return json_response(self._card(AUTO, True))
+        if name in self._available(engine):
+            return json_response(self._card(name, False))
+        return json_response(self._card(self._resident_id(engine, name), True))
+
+    def _card(self, name: str, loaded: bool) -> dict:
+        """A model's entry; with on-demand loading it says whether the model is loaded (as llama-server's router
+        does)."""
+        card = model_card(name, self.created)
+        if self.loader is not None:
+            card["status"] = {"value": "loaded" if loaded else "unloaded"}
+        return card
+
+    def _available(self, engine: AsyncEngine) -> list[str]:
+        return self.loader.available(engine.model_ids()) if self.loader is not None else []
 
     async def metrics(self, request: HttpRequest) -> Response:
         """The engine's KV usage, queues and prefix-cache counters, for Prometheus and remote panels."""
@@ -111,15 +130,32 @@ class OpenAIRoutes:
             raise engine_stopped(EngineDeadError(engine.failure))
         return engine
 
-    @staticmethod
-    def _model_id(engine: AsyncEngine, model: str) -> str:
-        """The id of the resident model ``model`` names; a 404 listing the resident ones where none does."""
+    def _resident_id(self, engine: AsyncEngine, model: str) -> str:
+        """The id of the resident model ``model`` names; a 404 listing the models where none does."""
         try:
             return engine.model_id(model)
         except UnknownModel as exc:
-            served = ", ".join(repr(i) for i in exc.resident)
+            served = ", ".join(repr(i) for i in [*exc.resident, *self._available(engine)])
             raise ApiError(404, f"The model {shown(model, 80)} does not exist; this server serves {served} "
                                 "(see GET /v1/models)", param="model", code="model_not_found") from None
+
+    async def _model_id(self, engine: AsyncEngine, model: str) -> str:
+        """The id of the model ``model`` names, loaded first where it is a library model that is not resident
+        (with on-demand loading); a 404 listing the models where there is none, a 503 where it cannot load."""
+        try:
+            return engine.model_id(model)
+        except UnknownModel:
+            if self.loader is None:
+                return self._resident_id(engine, model)
+        try:
+            return await self.loader.load(engine, model)
+        except NotLoadable:
+            return self._resident_id(engine, model)
+        except NoRoom as exc:
+            raise ApiError(503, str(exc), code="insufficient_memory") from None
+        except (EngineError, OSError, ValueError) as exc:
+            raise ApiError(503, f"The model {shown(model, 80)} could not be loaded: {exc}",
+                           code="model_load_failed") from None
 
     def _route(self, engine: AsyncEngine, api: ApiRequest) -> Decision:
         """Where a request for ``auto`` goes (see :mod:`engine.routing.router`)."""
@@ -130,7 +166,7 @@ class OpenAIRoutes:
         engine refuses still gets its status code; then stream, or wait for the whole replies."""
         engine = self._engine()
         decision = self._route(engine, api) if api.model == AUTO else None
-        model = decision.model if decision else self._model_id(engine, api.model)
+        model = decision.model if decision else await self._model_id(engine, api.model)
         headers = route_headers(decision)
         streams = await _start(engine, api, model)
         reply = Reply(api.kind, model)

@@ -19,6 +19,7 @@ from ..routing.router import Routes
 from .config import ApiConfig
 from .connections import ConnectionLimits, connection_cap
 from .log_once import quieten_repeats
+from .model_loader import OnDemandModels
 from .server import EngineSource, create_app
 
 START_TIMEOUT_S = 10
@@ -47,9 +48,10 @@ class ApiServer:
 
     def __init__(self, engines: EngineSource, config: ApiConfig | None = None, *, access_log: bool = False,
                  configure_logging: bool = False, graceful_stop_s: float = GRACEFUL_STOP_S,
-                 limits: ConnectionLimits | None = None, routes: Routes | None = None) -> None:
+                 limits: ConnectionLimits | None = None, routes: Routes | None = None,
+                 loader: OnDemandModels | None = None) -> None:
         self.config = config or ApiConfig()
-        self.app = create_app(engines, self.config, routes)
+        self.app = create_app(engines, self.config, routes, loader)
         self.limits = limits or ConnectionLimits(max_connections=connection_cap())
         self._uvicorn = uvicorn.Config(
             self.app, lifespan="off", loop="asyncio", http=self.limits.protocol(), ws="none", access_log=access_log,

@@ -218,9 +218,13 @@ class Router:
     ``routes`` None: :meth:`Routes.default_for` the models resident when each request is routed."""
 
     def __init__(self, routes: Routes | None = None) -> None:
+        self._conversations: OrderedDict[str, str] = OrderedDict()
+        self.follow(routes)
+
+    def follow(self, routes: Routes | None) -> None:
+        """Route by ``routes`` from now on (None: the default routes); where conversations ran is remembered."""
         self.given = routes is not None
         self.routes = routes if routes is not None else Routes()
-        self._conversations: OrderedDict[str, str] = OrderedDict()
 
     def route_on(self, engine, request: Request, fresh: bool = False) -> Decision:
         """The decision among the models resident in ``engine`` (an :class:`~engine.AsyncEngine`): a rule's model
@@ -249,11 +253,18 @@ class Router:
             decision = Decision(earlier, f"earlier turns of this conversation ran on {earlier}")
         else:
             decision = self._by_rules(request, resolve, primary)
-        self._conversations[key] = decision.model
+        self._remember(key, decision.model)
+        return decision
+
+    def keep(self, request: Request, model: str) -> None:
+        """``request``'s conversation runs on ``model`` from now on (the user moved it there)."""
+        self._remember(request.conversation_key(), model)
+
+    def _remember(self, key: str, model: str) -> None:
+        self._conversations[key] = model
         self._conversations.move_to_end(key)
         while len(self._conversations) > STICKY_CONVERSATIONS:
             self._conversations.popitem(last=False)
-        return decision
 
     def _by_rules(self, request: Request, resolve, primary: str) -> Decision:
         skipped = []

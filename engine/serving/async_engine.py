@@ -237,8 +237,9 @@ class AsyncEngine:
         weights and KV pool go back to the system. The last resident model stays (switch it instead)."""
         await self.run(lambda _: self._unload(self._resolve(model)))
 
-    async def switch_model(self, config: EngineConfig, progress=None) -> None:
-        """Switch the model on the engine thread (see :meth:`Engine.switch_model`); raises if it fails."""
+    async def switch_model(self, config: EngineConfig, progress=None, model: str | None = None) -> None:
+        """Switch the resident model ``model`` names (None: the primary) to ``config`` on the engine thread (see
+        :meth:`Engine.switch_model`); raises if it fails."""
 
         def switch(engine: Engine) -> None:
             old_id = model_id(engine)
@@ -250,14 +251,19 @@ class AsyncEngine:
                     self._model_stats.pop(old_id, None)
                     self._refresh_stats(engine)
 
-        await self.run(switch)
+        await self.run(switch, model)
+
+    def least_recently_used(self) -> list[str]:
+        """The resident models' ids, the one no request has gone to for longest first (unloaded first for room)."""
+        return [model_id(engine) for engine in self._models if engine.has_model]
 
     def stats(self, model: str | None = None) -> EngineStats:
         """The latest snapshot of the model ``model`` names (None: the primary), refreshed by the engine thread;
         safe from any thread."""
         if model is None:
             return self._stats
-        return self._model_stats.get(self.model_id(model)) or self._stats
+        snapshot = self._model_stats.get(model)  # by id: also while the model is being switched
+        return snapshot or self._model_stats.get(self.model_id(model)) or self._stats
 
     def all_stats(self) -> dict[str, EngineStats]:
         """Every resident model's latest snapshot, by id."""

@@ -137,3 +137,20 @@ def config_for(spec: str, base: EngineConfig) -> EngineConfig:
     """``base`` with the model and quantisation of ``NAME@QUANT`` (see :func:`split_model_spec`)."""
     name, quant = split_model_spec(spec)
     return dataclasses.replace(base, model=name, quantization=quant)
+
+
+def room_for(engine, config: EngineConfig, keep: set[str], estimate=None) -> list[str] | None:
+    """The models resident in ``engine`` (an :class:`~engine.AsyncEngine`) to unload for ``config``'s model to fit
+    beside the rest, least recently used first and none of ``keep``: [] where it fits now, None where it would not
+    fit even with all of them unloaded. ``estimate``: the fit estimate (:func:`engine.models.fit.estimate`)."""
+    if estimate is None:
+        from ..models.fit import estimate
+    candidates = [i for i in engine.least_recently_used() if i not in keep]
+    freed, chosen = 0, []
+    while not estimate(config, reclaimable_bytes=freed).fits:
+        if not candidates:
+            return None
+        chosen.append(candidates.pop(0))
+        stats = engine.stats(chosen[-1])
+        freed += stats.model_memory_bytes + stats.kv_cache_memory_bytes
+    return chosen

@@ -85,6 +85,9 @@ def serve_args(parser: argparse.ArgumentParser) -> None:
                              "model, the rest to the smallest")
     parser.add_argument("--idle-unload", type=float, default=None, metavar="SECONDS",
                         help="unload a model other than the first once no request has used it for this long")
+    parser.add_argument("--no-load-on-demand", dest="load_on_demand", action="store_false",
+                        help="answer a request naming a library model that is not loaded with a 404 (by default it "
+                             "is loaded, idle models used least recently unloaded first where it would not fit)")
 
 
 def remote_args(parser: argparse.ArgumentParser) -> None:
@@ -270,6 +273,7 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     """Listen first (a port in use fails at once), then load the model; requests meanwhile get a 503."""
     from ..api import API_KEY_ENV, ApiConfig, ApiConfigError, ApiServer, ServerStartError
+    from ..api.model_loader import OnDemandModels
     from ..serving.async_engine import AsyncEngine
 
     try:
@@ -285,8 +289,9 @@ def cmd_serve(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     serving: list[AsyncEngine] = []
+    loader = OnDemandModels(configs[0]) if args.load_on_demand else None
     server = ApiServer(lambda: serving[0] if serving else None, api, access_log=True, configure_logging=True,
-                       routes=routes)
+                       routes=routes, loader=loader)
     try:
         url = server.start()
     except ServerStartError as exc:

@@ -38,8 +38,8 @@ def test_a_port_in_use_is_refused_with_a_clear_message(capsys):
 
 
 @pytest.mark.timeout(120)
-def test_serve_prints_its_url_serves_and_stops_on_ctrl_c_without_qt(tiny_llama):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def test_serve_prints_its_url_serves_and_stops_on_ctrl_c_without_qt(tiny_llama, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KVASIR_DATA_DIR": str(tmp_path)}  # a library of the default only
     args = ["serve", "--port", "0", "--model", str(tiny_llama), "--device", "cpu", "--kv-blocks", "64"]
     process = subprocess.Popen([sys.executable, "-c", ENTRY, *args], env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
@@ -49,7 +49,8 @@ def test_serve_prints_its_url_serves_and_stops_on_ctrl_c_without_qt(tiny_llama):
         url = line.split(" at ")[-1].strip()
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         with urllib.request.urlopen(f"{url}/models", timeout=30) as response:
-            assert [m["id"] for m in json.load(response)["data"]] == ["llama"]
+            listed = [(m["id"], m["status"]["value"]) for m in json.load(response)["data"]]
+            assert listed == [("llama", "loaded"), ("SmolLM2-135M-Instruct", "unloaded")]  # loaded when asked for
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
         err = process.stderr.read()
@@ -101,7 +102,7 @@ def test_serve_keeps_several_models_resident_and_routes_auto(tiny_model_dirs, tm
             line, process.stderr.read() if process.poll() else "")
         url = line.split(" at ")[-1].strip()
         with urllib.request.urlopen(f"{url}/models", timeout=30) as response:
-            assert [m["id"] for m in json.load(response)["data"]] == ["llama", "qwen2", "auto"]
+            assert [m["id"] for m in json.load(response)["data"]] == ["llama", "qwen2", "auto", "SmolLM2-135M-Instruct"]
         body = {"model": "auto", "messages": [{"role": "user", "content": "```\nx = 1\n```"}], "max_tokens": 3}
         request = urllib.request.Request(f"{url}/chat/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import types
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 
-from engine import ApiConfig, ApiServer, AsyncEngine, Engine, EngineConfig, SamplingParams
+from engine import ApiConfig, ApiServer, AsyncEngine, Engine, EngineConfig, ModelLibrary, SamplingParams
+from engine.api.model_loader import OnDemandModels
 from engine.errors import EngineDeadError
 from engine.routing.router import Routes, Rule
 from engine.serving.async_engine import UnknownModel
@@ -276,3 +279,82 @@ def test_metrics_give_every_resident_model_its_own_samples(client):
     running = [line for line in lines if line.startswith("kvasir:num_requests_running{")]
     assert running == ['kvasir:num_requests_running{model_name="llama"} 0.0',
                        'kvasir:num_requests_running{model_name="qwen2"} 0.0']
+
+
+# -- loading on demand ------------------------------------------------------------------------------------
+
+
+class Fit:
+    """A stand-in fit estimate: fits once at least ``needed`` bytes would be freed."""
+
+    def __init__(self, needed: int) -> None:
+        self.needed, self.asked = needed, []
+
+    def __call__(self, config, reclaimable_bytes=0):
+        self.asked.append((config.model, reclaimable_bytes))
+        return types.SimpleNamespace(fits=reclaimable_bytes >= self.needed)
+
+
+@pytest.fixture
+def on_demand(tiny_model_dirs, tmp_path):
+    """A server over llama alone whose library also holds qwen2 and mistral, loaded when a request names them."""
+    library = ModelLibrary(tmp_path / "library")
+    for arch in ("qwen2", "mistral"):
+        library.add(str(tiny_model_dirs[arch]), download=False)
+    engine = AsyncEngine(tiny_config(tiny_model_dirs["llama"]))
+    fit = Fit(0)
+    server = ApiServer(lambda: engine, ApiConfig(port=0),
+                       loader=OnDemandModels(tiny_config(tiny_model_dirs["llama"]), library, estimate=fit))
+    server.start()
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    yield engine, client, fit
+    server.stop()
+    engine.shutdown()
+
+
+def test_models_lists_the_loaded_and_the_loadable(on_demand):
+    engine, client, _ = on_demand
+    listed = {m.id: m.status["value"] for m in client.models.list().data}
+    assert listed == {"llama": "loaded", "SmolLM2-135M-Instruct": "unloaded", "qwen2": "unloaded",
+                      "mistral": "unloaded"}
+    assert client.models.retrieve("qwen2").status == {"value": "unloaded"}
+
+
+def test_a_library_model_a_request_names_is_loaded_once(on_demand, oracles):
+    engine, client, _ = on_demand
+
+    def ask(_):
+        return client.completions.create(model="qwen2", prompt="The sky is", max_tokens=24, temperature=0)
+
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(ask, range(3)))  # three requests while it loads: one load
+    expected = oracles["qwen2"].generate(["The sky is"], GREEDY)[0].text
+    assert [(r.model, r.choices[0].text) for r in replies] == [("qwen2", expected)] * 3
+    assert engine.model_ids() == ["llama", "qwen2"]
+    assert {m.id: m.status["value"] for m in client.models.list().data}["qwen2"] == "loaded"
+
+
+def test_room_is_made_from_the_least_recently_used_idle_model(on_demand):
+    engine, client, fit = on_demand
+    client.completions.create(model="qwen2", prompt="hi", max_tokens=2)
+    qwen2 = engine.stats("qwen2")
+    fit.needed = 1  # from now on a model fits only where another's memory is freed first
+    reply = client.completions.create(model="mistral", prompt="hi", max_tokens=2)
+    assert reply.model == "mistral" and engine.model_ids() == ["llama", "mistral"]  # qwen2 went, never llama
+    (first, freed_first), (again, freed) = fit.asked[-2:]
+    assert first == again and first.endswith("mistral")
+    assert (freed_first, freed) == (0, qwen2.model_memory_bytes + qwen2.kv_cache_memory_bytes)
+
+
+def test_no_room_and_no_such_model_are_said_in_words(on_demand):
+    engine, client, fit = on_demand
+    fit.needed = 10**15
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(model="qwen2", prompt="hi", max_tokens=2)
+    assert caught.value.status_code == 503 and "does not fit in memory beside the models loaded now" in str(
+        caught.value)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.completions.create(model="nope", prompt="hi", max_tokens=2)
+    served = "this server serves 'llama', 'SmolLM2-135M-Instruct', 'mistral', 'qwen2'"  # the library newest first
+    assert served in str(caught.value)
+    assert engine.model_ids() == ["llama"]

@@ -35,6 +35,7 @@ class FakeBridge(QObject):
     loaded = Signal(object)
     load_failed = Signal(str)
     stats_updated = Signal(object)
+    models_updated = Signal(object)
     engine_failed = Signal(str)
 
     def __init__(self, words=WORDS, finish_reason="stop", kept_words: frozenset[int] = frozenset()) -> None:
@@ -54,10 +55,41 @@ class FakeBridge(QObject):
         self.token_counts = 0  # how many times count_tokens ran
         self._stats = fake_stats()
 
-    def stats(self) -> EngineStats:
+    focused = "Fake-1M"  # one resident model
+
+    @property
+    def resident(self) -> dict:
+        return {self.focused: self.config}
+
+    def resident_id(self, config) -> str | None:
+        same = self.config is not None and (config.model, config.quantization) == (
+            self.config.model, self.config.quantization)
+        return self.focused if same else None
+
+    def focus(self, model) -> None:
+        self.loaded.emit(self._stats)
+
+    def reloads(self, config) -> bool:
+        from app.engines.bridge import load_options
+
+        return self.resident_id(config) is not None and load_options(config) != load_options(self.config)
+
+    def room_for(self, config) -> list[str]:
+        return []
+
+    async def show(self, config) -> None:
+        await self.switch(config)
+
+    async def unload(self, model) -> None:
+        raise ValueError(f"{model} is the only model loaded")
+
+    def stats(self, model=None) -> EngineStats:
         return self._stats
 
-    def count_tokens(self, messages) -> int:
+    def all_stats(self) -> dict:
+        return {self.focused: self._stats}
+
+    def count_tokens(self, messages, model=None) -> int:
         self.token_counts += 1
         return sum(len(m["content"].split()) + 4 for m in messages)
 
@@ -118,7 +150,7 @@ class FakeBridge(QObject):
         self.ready = self.serving = True
         self.loaded.emit(self._stats)
 
-    def stream(self, messages, sampling) -> FakeStream:
+    def stream(self, messages, sampling, model=None) -> FakeStream:
         if self.failure is not None:
             raise EngineDeadError(self.failure)
         self.requests.append(messages)

@@ -34,7 +34,9 @@ def test_a_reply_streams_through_the_session_with_no_window(qloop, session):
 def test_a_local_chat_gets_the_local_source(session):
     source = session.sources.of(session.actions.current)
     assert isinstance(source, LocalSource) and source.remote is None and not source.checks_own_context
-    assert source.ready and source.model_names() == ("Fake-1M", "none")
+    placed = source.place([{"role": "user", "content": "hi"}])
+    assert source.ready and (placed.model, placed.model_name, placed.quantization, placed.route) == (
+        "Fake-1M", "Fake-1M", "none", None)
     session.bridge.ready, session.bridge.loading = False, True
     assert not source.ready and "still loading" in source.not_ready_message()
 

@@ -28,11 +28,21 @@ class StandInEngine:
         self.alive = True
         StandInEngine.made.append(self)
 
-    def stats(self):
+    def stats(self, model=None):
         return fake_stats(model_name=self.config.model)
 
-    async def switch_model(self, config, progress=None):
+    def all_stats(self):
+        return {self.config.model: self.stats()}
+
+    def model_id(self, model=None):
+        return self.config.model
+
+    def model_ids(self):
+        return [self.config.model]
+
+    async def switch_model(self, config, progress=None, model=None):
         self.switched.append(config)
+        self.config = config
 
     def die(self, reason):
         """As the engine thread would: mark itself dead and report, from another thread."""
@@ -44,7 +54,7 @@ class StandInEngine:
     def shutdown(self):
         self.shut_down.set()
 
-    def call(self, fn):
+    def call(self, fn, model=None):
         """Run ``fn`` on a recorder of what the engine was asked, as the engine thread would run it."""
         done = Future()
         done.set_result(fn(self))

@@ -142,8 +142,8 @@ def test_the_panel_names_api_requests(qtbot):
     assert title == "API · areq-7"
 
 
-def test_on_the_real_engine_window_and_api_share_it_and_the_api_follows_a_switch(qtbot, qloop, store, tmp_path,
-                                                                                  monkeypatch, tiny_model_dirs):
+def test_on_the_real_engine_window_and_api_share_it_and_serve_a_model_loaded_beside(qtbot, qloop, store, tmp_path,
+                                                                                   monkeypatch, tiny_model_dirs):
     from app.chats.session import ChatSession
     from app.engines.bridge import EngineBridge
     from app.window.main_window import MainWindow
@@ -167,7 +167,8 @@ def test_on_the_real_engine_window_and_api_share_it_and_the_api_follows_a_switch
         assert message.status == "complete" and reply.usage.completion_tokens == 6
         qloop.run_until_complete(window.switcher.switch(EngineConfig(model=str(tiny_model_dirs["qwen2"]), device="cpu",
                                                                   num_kv_blocks=64)))
-        assert served_models(window.local_api.url) == ["qwen2"]
+        assert served_models(window.local_api.url) == ["llama", "qwen2", "auto"]  # loaded beside the first
+        assert bridge.focused == "qwen2" and bridge.config.model == str(tiny_model_dirs["qwen2"])
         assert client.chat.completions.create(**{**ask.keywords, "model": "qwen2"}).model == "qwen2"
     finally:
         window.close()
