@@ -14,7 +14,7 @@ from engine.routing.router import Router, Routes
 
 from ..data.personas import Personas
 from ..data.remote_store import RemoteServerStore
-from ..data.settings import Settings, load_presets, routes_of
+from ..data.settings import Settings, idle_unload_s, load_presets, routes_of
 from ..data.store import Store
 from ..engines.bridge import ChatEngine
 from ..engines.local_api import LocalApi
@@ -39,6 +39,7 @@ class ChatSession(QObject):
         self.personas = Personas(store, load_presets(), self.settings, self)
         self.conversations = Conversations(store, self)
         self.remote = remote if remote is not None else RemoteEngines(RemoteServerStore(), self)
+        bridge.set_idle_unload(idle_unload_s(self.settings))
         self.router = Router(routes_of(self.settings))
         self.sources = ReplySources(self.conversations, bridge, self.remote, self.router)
         self.controller = ChatController(self.conversations, self.sources, self)

@@ -41,6 +41,8 @@ DEFAULTS = {
     # per model and quantisation (draft_key): the model loaded beside it, as int4, to write drafts (auto uses them
     # where they pay; the model bar offers the ones that can); a change reloads
     "drafts": {},
+    # a resident model other than the first that no chat has used for this many minutes is unloaded (0: never)
+    "idle_unload_minutes": 0,
     # the rules that pick the model of a chat set to "Auto (routed)" (engine.routing.router.Routes.to_dict); None:
     # the default routes for the models resident at the time (Tools > Routing edits them)
     "routes": None,
@@ -55,6 +57,7 @@ API_CHECKS = {
 }
 THEMES = ("system", "light", "dark")
 MAX_THREADS = 1024
+MAX_IDLE_MINUTES = 24 * 60
 TEXT_SCALES = (50, 67, 75, 80, 90, 100, 110, 125, 150, 175, 200, 250, 300)  # the steps of Ctrl+= and Ctrl+-
 
 
@@ -204,6 +207,12 @@ class Settings:
         tmp.replace(self.path)
 
 
+def idle_unload_s(settings) -> float | None:
+    """How long a resident model may go unused before it is unloaded, in seconds (None: never)."""
+    minutes = settings["idle_unload_minutes"]
+    return minutes * 60.0 if minutes else None
+
+
 def engine_cpu_options(settings) -> dict:
     """The engine's CPU settings as :class:`engine.EngineConfig` takes them."""
     threads = settings["threads"]
@@ -273,6 +282,8 @@ def _valid_value(key: str, value) -> bool:
         return value == "auto" or (type(value) is int and 1 <= value <= MAX_THREADS)
     if key == "lower_priority":
         return isinstance(value, bool)
+    if key == "idle_unload_minutes":
+        return type(value) is int and 0 <= value <= MAX_IDLE_MINUTES
     if key == "kv_cache_dtype":
         return value in KV_CACHE_DTYPES
     if key in ("kv_disk_cache", "highlight_drafts"):

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from engine import ApiConfig, ApiConfigError
 
-from ..data.settings import DEFAULTS, TEXT_SCALES, Preset
+from ..data.settings import DEFAULTS, MAX_IDLE_MINUTES, TEXT_SCALES, Preset
 from .kv_cache_form import KVCacheForm
 from .sampling_form import SamplingForm, int_box, stack_with_ok_cancel
 
@@ -139,6 +139,24 @@ class SpeculationForm(QGroupBox):
         return {"speculation": self.mode.currentData()}
 
 
+class ModelsForm(QGroupBox):
+    """Several models resident at once: when one nobody uses is given back."""
+
+    def __init__(self, values: dict, parent=None) -> None:
+        super().__init__("Several models", parent)
+        self.idle_minutes = int_box(0, MAX_IDLE_MINUTES, values["idle_unload_minutes"])
+        self.idle_minutes.setSuffix(" min")
+        self.idle_minutes.setSpecialValueText("never")
+        self.idle_minutes.setToolTip("A model loaded beside the first that no chat has used for this long is "
+                                     "unloaded, and its memory given back; a chat on it loads it again")
+        self.idle_minutes.setAccessibleDescription(self.idle_minutes.toolTip())
+        form = QFormLayout(self)
+        form.addRow("Unload a model unused for", self.idle_minutes)
+
+    def values(self) -> dict:
+        return {"idle_unload_minutes": self.idle_minutes.value()}
+
+
 class PreferencesDialog(QDialog):
     """Defaults for new chats, the theme, the text size, the engine's CPU use, and the local API (``api_status``:
     what it is doing now)."""
@@ -167,9 +185,11 @@ class PreferencesDialog(QDialog):
         form.addRow("Persona for new chats", self.preset)
         self.cpu = CpuForm(values)
         self.speculation = SpeculationForm(values)
+        self.models = ModelsForm(values)
         self.kv_cache = KVCacheForm(values, check_kv, clear_disk)
         self.api = ApiForm(values.get("api", {}), api_status)
-        stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.speculation, self.kv_cache, self.api)
+        stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.speculation, self.models, self.kv_cache,
+                            self.api)
 
     def accept(self) -> None:
         if self.sampling.accept_or_explain() and self.api.accept_or_explain():
@@ -178,4 +198,5 @@ class PreferencesDialog(QDialog):
     def result_values(self) -> dict:
         return {"theme": self.theme.currentText(), "text_scale": self.text_scale.value(),
                 "preset": self.preset.currentText(), "sampling": self.sampling.values(), **self.cpu.values(),
-                **self.speculation.values(), **self.kv_cache.values(), "api": self.api.values()}
+                **self.speculation.values(), **self.models.values(), **self.kv_cache.values(),
+                "api": self.api.values()}

@@ -89,6 +89,8 @@ class ChatEngine(Protocol):
 
     def set_speculation(self, mode: str) -> Future | None: ...
 
+    def set_idle_unload(self, seconds: float | None) -> None: ...
+
     def check_kv_formats(self) -> Future | None: ...
 
     def clear_disk_cache(self) -> Future | None: ...
@@ -119,6 +121,7 @@ class EngineBridge(QObject):
         self.config: EngineConfig | None = None
         self.resident: dict[str, EngineConfig] = {}
         self.focused: str | None = None
+        self.idle_unload_s: float | None = None  # models other than the first unused this long are unloaded
         self.loading = False
         self.load_error: str | None = None  # why the last load failed
         self.failure: str | None = None  # why the engine stopped serving; None while it serves
@@ -188,6 +191,7 @@ class EngineBridge(QObject):
         else:
             self.focused = engine.model_id()
             self.resident = {self.focused: self.config}
+            engine.idle_unload_s = self.idle_unload_s
             self._timer.start()
             self._catch_up_cpu_options(engine)
             self.loaded.emit(engine.stats())
@@ -390,10 +394,28 @@ class EngineBridge(QObject):
             return None
         return self.engine.call(lambda engine: engine.clear_disk_cache(), self.focused)
 
-    def _poll_stats(self) -> None:
+    def set_idle_unload(self, seconds: float | None) -> None:
+        """Unload a model other than the first once no chat has used it for ``seconds`` (None: never)."""
+        self.idle_unload_s = seconds
         if self.engine is not None:
-            self.stats_updated.emit(self.stats())
-            self.models_updated.emit(self.all_stats())
+            self.engine.idle_unload_s = seconds
+
+    def _poll_stats(self) -> None:
+        if self.engine is None:
+            return
+        every = self.all_stats()
+        if self.resident and not self.loading and set(self.resident) - set(every):
+            self._forget_unloaded(every)
+        self.stats_updated.emit(self.stats())
+        self.models_updated.emit(every)
+
+    def _forget_unloaded(self, every: dict[str, EngineStats]) -> None:
+        """Models the engine unloaded by itself (idle): forgotten, and the first one shown where it was on screen."""
+        self.resident = {i: c for i, c in self.resident.items() if i in every}
+        if self.focused not in self.resident and self.resident:
+            self.focused = next(iter(self.resident))
+            self.config = self.resident[self.focused]
+            self.loaded.emit(self.engine.stats(self.focused))
 
     def shutdown(self) -> None:
         """Stop the engine thread; a model still loading is shut down as soon as its load finishes."""

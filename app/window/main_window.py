@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
-from ..data.settings import DEFAULTS, LOAD_SETTINGS, engine_cpu_options, next_text_scale
+from ..data.settings import DEFAULTS, LOAD_SETTINGS, engine_cpu_options, idle_unload_s, next_text_scale
 from ..dialogs.about import AboutDialog
 from ..dialogs.model_manager import ModelDialog
 from ..dialogs.preferences import PreferencesDialog
@@ -187,6 +187,7 @@ class MainWindow(QMainWindow):
             self.bridge.set_cpu_options(**engine_cpu_options(self.settings))
         if self.settings["speculation"] != speculation_before:
             self.bridge.set_speculation(self.settings["speculation"])
+        self.bridge.set_idle_unload(idle_unload_s(self.settings))
         load_after = {key: self.settings[key] for key in LOAD_SETTINGS}
         if load_after != load_before and self.bridge.config is not None:
             # the pool is rebuilt (another format, or with or without its disk tier): a reload, asked first where

@@ -108,6 +108,9 @@ class FakeBridge(QObject):
     def set_cpu_options(self, threads, lower_priority) -> None:
         self.cpu_options = (threads, lower_priority)
 
+    def set_idle_unload(self, seconds) -> None:
+        self.idle_unload_s = seconds
+
     def set_speculation(self, mode) -> None:
         self.speculation = mode
 

@@ -10,6 +10,7 @@ import pytest
 
 from engine import Engine, EngineConfig
 from engine.routing.router import AUTO, Routes, Rule
+from tests.helpers.signal_waits import run_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,3 +114,14 @@ def test_a_routed_chat_says_where_each_reply_went_and_the_override_sticks(app, q
     assert nxt.model == "llama" and nxt.stats["route"]["reason"] == "earlier turns of this conversation ran on llama"
     assert window.settings["routes"] == {"rules": [{"model": "qwen2", "keywords": ["code"]}], "fallback": "llama",
                                          "sticky": True}
+
+
+def test_a_model_no_chat_uses_is_unloaded_after_the_idle_time(app, qloop, tiny_model_dirs):
+    window, bridge = app, app.bridge
+    first = window.current
+    new_chat_on(window, qloop, tiny(tiny_model_dirs["qwen2"]))
+    window.actions.open(first)
+    assert bridge.focused == "llama" and list(bridge.resident) == ["llama", "qwen2"]
+    bridge.set_idle_unload(0.0)  # Preferences > Several models; the first model is never unloaded this way
+    run_until(qloop, bridge.models_updated, lambda every: list(every) == ["llama"], timeout=60)
+    assert list(bridge.resident) == ["llama"] and bridge.focused == "llama"

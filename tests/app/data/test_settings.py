@@ -13,12 +13,15 @@ from app.data.settings import (
     SettingsError,
     engine_cpu_options,
     engine_load_options,
+    idle_unload_s,
     load_presets,
+    routes_of,
     sampling_problems,
 )
 from app.dialogs.chat_settings import ChatSettingsDialog
 from app.dialogs.preferences import PreferencesDialog
 from engine import EngineConfig
+from engine.routing.router import Routes
 
 
 def test_sampling_problems_name_the_field_the_engine_refuses():
@@ -88,6 +91,30 @@ def test_the_speculation_mode_keeps_what_the_engine_takes(tmp_path, saved, kept)
     options = engine_load_options(Settings(path), "default", "auto")
     assert options["speculation"] == kept
     assert EngineConfig(**options).speculation == kept
+
+
+@pytest.mark.parametrize(("saved", "kept"), [
+    ({"rules": [{"model": "big", "has_code": True}], "fallback": "small"},
+     {"rules": [{"model": "big", "has_code": True}], "fallback": "small", "sticky": True}),
+    ({"rules": [{"model": "big"}]}, None),  # a rule with no condition: the default routes, with a warning
+    ("fast please", None),
+    (None, None),
+])
+def test_the_routes_keep_what_the_router_can_follow(tmp_path, caplog, saved, kept):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"routes": saved}))
+    with caplog.at_level(logging.WARNING):
+        settings = Settings(path)
+    assert settings["routes"] == kept
+    assert routes_of(settings) == (Routes.from_dict(kept) if kept else None)
+    assert ("ignoring the routes" in caplog.text) == (saved is not None and kept is None)
+
+
+@pytest.mark.parametrize(("saved", "seconds"), [(0, None), (15, 900.0), (-1, None), (True, None), ("5", None)])
+def test_the_idle_unload_time_is_whole_minutes(tmp_path, saved, seconds):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"idle_unload_minutes": saved}))
+    assert idle_unload_s(Settings(path)) == seconds
 
 
 def test_a_draft_model_is_kept_per_model_and_quantisation(tmp_path):

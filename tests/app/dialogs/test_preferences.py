@@ -100,6 +100,17 @@ def test_the_speculation_mode_is_saved_and_given_to_the_engine_at_once(window, a
     assert saved(window)["speculation"] == "off" and bridge.speculation == "off"
 
 
+def test_the_idle_unload_time_is_saved_and_given_to_the_engine_at_once(window, answer):
+    assert window.bridge.idle_unload_s is None  # never, by default
+    answer(window, lambda d: d.models.idle_minutes.setValue(20))
+    assert saved(window)["idle_unload_minutes"] == 20 and window.bridge.idle_unload_s == 1200.0
+    seen = {}
+    answer(window, lambda d: seen.update(shown=d.models.idle_minutes.text()))
+    assert seen["shown"] == "20 min"
+    answer(window, lambda d: d.models.idle_minutes.setValue(0))
+    assert window.bridge.idle_unload_s is None
+
+
 def test_the_cpu_form_shows_what_was_saved():
     from app.dialogs.preferences import AUTO_THREADS, CpuForm
 
