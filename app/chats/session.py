@@ -10,6 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 
 from engine import ModelLibrary
+from engine.routing.evaluation import load_saved
 from engine.routing.router import Router, Routes
 
 from ..data.personas import Personas
@@ -40,7 +41,8 @@ class ChatSession(QObject):
         self.conversations = Conversations(store, self)
         self.remote = remote if remote is not None else RemoteEngines(RemoteServerStore(), self)
         bridge.set_idle_unload(idle_unload_s(self.settings))
-        self.router = Router(routes_of(self.settings))
+        evaluated = load_saved()  # rules with min_score read the latest eval-route
+        self.router = Router(routes_of(self.settings), evaluated.scores() if evaluated else None)
         self.sources = ReplySources(self.conversations, bridge, self.remote, self.router)
         self.controller = ChatController(self.conversations, self.sources, self)
         self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)

@@ -44,7 +44,7 @@ DEFAULTS = {
     # a resident model other than the first that no chat has used for this many minutes is unloaded (0: never)
     "idle_unload_minutes": 0,
     # the rules that pick the model of a chat set to "Auto (routed)" (engine.routing.router.Routes.to_dict); None:
-    # the default routes for the models resident at the time (Tools > Routing edits them)
+    # the default routes for the models resident at the time (Models > Routing edits them)
     "routes": None,
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},

@@ -57,6 +57,7 @@ COMMANDS = (
     Command("choose_model", "Choose the model", "&Models", ("Ctrl+K",)),
     Command("model_manager", "Model manager…", "&Models", ("Ctrl+M",)),
     Command("remote_servers", "Remote servers…", "&Models"),
+    Command("routing", "Routing: which model answers an Auto chat…", "&Models"),
     Command("shortcuts", "Keyboard shortcuts", "&Help", ("Ctrl+/", "F1")),
     Command("about", "About Kvasir", "&Help"),
 )

@@ -28,7 +28,7 @@ from .draft_picker import DraftPicker
 
 REMOTE_ROLE = Qt.UserRole + 1  # a model bar item's RemoteChoice (local items hold their spec in Qt.UserRole)
 AUTO_LABEL = "Auto (routed)"
-AUTO_TIP = "Each message goes to the resident model the routing rules choose (Tools > Routing)"
+AUTO_TIP = "Each message goes to the resident model the routing rules choose (Models > Routing)"
 
 
 def add_remote_items(box: QComboBox, engines: RemoteEngines, shown: RemoteChoice | None) -> None:

@@ -46,12 +46,14 @@ class ClientGone(Exception):
 
 
 def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = None,
-               routing: Routes | None = None, loader: OnDemandModels | None = None) -> Starlette:
+               routing: Routes | None = None, loader: OnDemandModels | None = None,
+               scores: dict[str, dict[str, float]] | None = None) -> Starlette:
     """The ASGI app over ``engines`` (an engine, or a function returning the engine that serves now);
     ``routing``: the rules ``"model": "auto"`` follows (None: :meth:`Routes.default_for` the resident models);
-    ``loader``: loads a library model a request names when it is not resident (None: such a request is a 404)."""
+    ``loader``: loads a library model a request names when it is not resident (None: such a request is a 404);
+    ``scores``: each model's evaluated accuracy by kind of task, for rules with ``min_score``."""
     config = config or ApiConfig()
-    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines, routing, loader)
+    routes = OpenAIRoutes(engines if callable(engines) else lambda: engines, Router(routing, scores), loader)
     return Starlette(
         routes=[
             Route("/v1/models", routes.list_models, methods=["GET"]),
@@ -69,11 +71,11 @@ def create_app(engines: EngineSource | AsyncEngine, config: ApiConfig | None = N
 class OpenAIRoutes:
     """The endpoints, over whichever engine serves when a request arrives."""
 
-    def __init__(self, engines: EngineSource, routing: Routes | None = None,
+    def __init__(self, engines: EngineSource, router: Router | None = None,
                  loader: OnDemandModels | None = None) -> None:
         self.engines = engines
         self.created = int(time.time())
-        self.router = Router(routing)
+        self.router = router or Router()
         self.loader = loader
 
     async def list_models(self, request: HttpRequest) -> Response:

@@ -49,9 +49,9 @@ class ApiServer:
     def __init__(self, engines: EngineSource, config: ApiConfig | None = None, *, access_log: bool = False,
                  configure_logging: bool = False, graceful_stop_s: float = GRACEFUL_STOP_S,
                  limits: ConnectionLimits | None = None, routes: Routes | None = None,
-                 loader: OnDemandModels | None = None) -> None:
+                 loader: OnDemandModels | None = None, scores: dict[str, dict[str, float]] | None = None) -> None:
         self.config = config or ApiConfig()
-        self.app = create_app(engines, self.config, routes, loader)
+        self.app = create_app(engines, self.config, routes, loader, scores)
         self.limits = limits or ConnectionLimits(max_connections=connection_cap())
         self._uvicorn = uvicorn.Config(
             self.app, lifespan="off", loop="asyncio", http=self.limits.protocol(), ws="none", access_log=access_log,

@@ -159,6 +159,11 @@ class RouteEvaluation:
         return cls(tasks, models, [Choice(**c) for c in data["choices"]], data["routes"], data["cpu"],
                    data["measured_at"])
 
+    def scores(self) -> dict[str, dict[str, float]]:
+        """Each model's accuracy by kind of task, as a router's ``min_score`` rules read it."""
+        return {s.model: {c: a for c in CATEGORIES if (a := s.accuracy(self.tasks, c)) is not None}
+                for s in self.models}
+
     def rows(self) -> list[dict]:
         """One row per model and one for the router: accuracy per category and overall, TTFT p50, tokens/s,
         and how many tasks the router sent there (what the command prints and the app's table shows)."""
@@ -195,7 +200,8 @@ def _percent(value: float | None) -> str:
 async def evaluate(engine, tasks: TaskSet, router: Router,
                    progress: Callable[[str], None] = lambda _: None) -> RouteEvaluation:
     """Every resident model of ``engine`` (an :class:`~engine.AsyncEngine`) answers every task; then the
-    router routes each task among them."""
+    router routes each task among them, its ``min_score`` rules reading the scores just measured (so the routed
+    row grades the router on the tasks its scores came from)."""
     scores = []
     for model in engine.model_ids():
         score = ModelScore(model)
@@ -204,11 +210,13 @@ async def evaluate(engine, tasks: TaskSet, router: Router,
         progress(f"{model}: {_percent(score.accuracy(tasks))} right, TTFT p50 "
                  f"{(score.ttft_p50_s or 0) * 1000:.0f} ms, {score.tokens_per_s or 0:.1f} tok/s")
         scores.append(score)
-    choices = []
+    result = RouteEvaluation(tasks, scores, [], {})
+    router.scores = result.scores()
     for index, task in enumerate(tasks.tasks):
         decision = router.route_on(engine, Request.of(task.messages()), fresh=True)
-        choices.append(Choice(index, decision.model, decision.reason))
-    return RouteEvaluation(tasks, scores, choices, router.routes.to_dict())
+        result.choices.append(Choice(index, decision.model, decision.reason))
+    result.routes = router.routes.to_dict()
+    return result
 
 
 async def _answer(engine, model: str, index: int, task: Task, max_tokens: int) -> Answer:

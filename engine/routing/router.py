@@ -3,8 +3,10 @@ matches, and a fallback.
 
 A rule matches a request when every condition it sets holds: the last user message's length in characters
 (``min_chars``, ``max_chars``), the whole conversation's (``min_context_chars``), attached code (``has_code``: a
-fenced block, or lines that read as code), words in the message (``keywords``, any of them) and a capability the
-request needs (``needs``: ``"tools"`` or ``"json"``). The first rule that matches and whose model is resident
+fenced block, or lines that read as code), words in the message (``keywords``, any of them), a capability the
+request needs (``needs``: ``"tools"`` or ``"json"``), and the rule's model's evaluated accuracy on the kind of
+task the message is (``min_score``: the share of ``eval-route``'s tasks of that kind it answered right; the kind is
+:func:`task_kind`'s guess: code, arithmetic or factual). The first rule that matches and whose model is resident
 decides (resident models are preferred: routing never loads one); else the fallback does, else the primary
 model. Routing is sticky: a conversation whose earlier turns ran on a model stays there while it is resident
 (moving costs a whole re-prefill), unless the caller asks to route afresh.
@@ -27,6 +29,9 @@ STICKY_CONVERSATIONS = 4096  # conversations remembered for stickiness, least re
 CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |#include|function |const |let |var |public |"
                        r"fn |for \(|if \(|return\b|SELECT |CREATE |[{}]\s*$|.*;\s*$)", re.MULTILINE)
 CAPABILITIES = ("tools", "json")
+CODE_WORDS = frozenset({"code", "function", "python", "program", "script", "debug", "class", "method", "compile"})
+ARITHMETIC = re.compile(r"\d\s*([-+*/x×÷^]|plus|minus|times|divided by|multiplied by|percent of|to the power of)\s*\d|"
+                        r"\b(calculate|sum of|product of|how much is)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,14 @@ def has_code(text: str) -> bool:
     return "```" in text or len(CODE_LINE.findall(text)) >= 3
 
 
+def task_kind(text: str) -> str:
+    """What kind of task a message is, in the evaluation's categories: code (attached or asked for), arithmetic
+    (numbers with an operation between them), else factual."""
+    if has_code(text) or CODE_WORDS & set(re.findall(r"[a-z]+", text.lower())):
+        return "code"
+    return "arithmetic" if ARITHMETIC.search(text) else "factual"
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """``model`` answers the requests that meet every condition set (None: not a condition)."""
@@ -87,6 +100,7 @@ class Rule:
     has_code: bool | None = None
     keywords: tuple[str, ...] = ()
     needs: str | None = None
+    min_score: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -99,12 +113,17 @@ class Rule:
             raise ValueError(f"needs must be one of {', '.join(CAPABILITIES)}, not {self.needs!r}")
         if not all(isinstance(k, str) and k.strip() for k in self.keywords):
             raise ValueError("keywords must be words")
+        if self.min_score is not None and (isinstance(self.min_score, bool) or not isinstance(
+                self.min_score, int | float) or not 0 <= self.min_score <= 1):
+            raise ValueError(f"min_score must be a share of tasks from 0 to 1, not {self.min_score!r}")
         if not any(getattr(self, name) is not None for name in ("min_chars", "max_chars", "min_context_chars",
-                                                                 "has_code", "needs")) and not self.keywords:
+                                                                 "has_code", "needs", "min_score")) \
+                and not self.keywords:
             raise ValueError(f"the rule for {self.model} sets no condition (use the fallback for that)")
 
-    def why(self, request: Request) -> str | None:
-        """Why this rule matches ``request`` in words, or None where it does not."""
+    def why(self, request: Request, scores: dict[str, float] | None = None) -> str | None:
+        """Why this rule matches ``request`` in words, or None where it does not. ``scores``: the rule's model's
+        evaluated accuracy by kind of task (None: not evaluated, so ``min_score`` cannot hold)."""
         text = request.last_user_text
         reasons = []
         if self.min_chars is not None:
@@ -133,6 +152,13 @@ class Rule:
             if self.needs not in request.needs:
                 return None
             reasons.append(f"the request needs {self.needs}")
+        if self.min_score is not None:
+            kind = task_kind(text)
+            score = (scores or {}).get(kind)
+            if score is None or score < self.min_score:
+                return None
+            reasons.append(f"{self.model} answered {score:.0%} of the {kind} tasks right (at least "
+                           f"{self.min_score:.0%})")
         return " and ".join(reasons)
 
     def to_dict(self) -> dict:
@@ -217,8 +243,9 @@ class Router:
 
     ``routes`` None: :meth:`Routes.default_for` the models resident when each request is routed."""
 
-    def __init__(self, routes: Routes | None = None) -> None:
+    def __init__(self, routes: Routes | None = None, scores: dict[str, dict[str, float]] | None = None) -> None:
         self._conversations: OrderedDict[str, str] = OrderedDict()
+        self.scores = scores or {}  # model id -> kind of task -> accuracy (eval-route's; for min_score)
         self.follow(routes)
 
     def follow(self, routes: Routes | None) -> None:
@@ -269,10 +296,10 @@ class Router:
     def _by_rules(self, request: Request, resolve, primary: str) -> Decision:
         skipped = []
         for index, rule in enumerate(self.routes.rules):
-            why = rule.why(request)
+            target = resolve(rule.model)
+            why = rule.why(request, self.scores.get(target) if target is not None else None)
             if why is None:
                 continue
-            target = resolve(rule.model)
             if target is not None:
                 return Decision(target, why, index)
             skipped.append(rule.model)

@@ -274,6 +274,7 @@ def cmd_serve(args) -> int:
     """Listen first (a port in use fails at once), then load the model; requests meanwhile get a 503."""
     from ..api import API_KEY_ENV, ApiConfig, ApiConfigError, ApiServer, ServerStartError
     from ..api.model_loader import OnDemandModels
+    from ..routing.evaluation import load_saved
     from ..serving.async_engine import AsyncEngine
 
     try:
@@ -290,8 +291,9 @@ def cmd_serve(args) -> int:
         return 2
     serving: list[AsyncEngine] = []
     loader = OnDemandModels(configs[0]) if args.load_on_demand else None
+    evaluated = load_saved()  # rules with min_score read the latest eval-route
     server = ApiServer(lambda: serving[0] if serving else None, api, access_log=True, configure_logging=True,
-                       routes=routes, loader=loader)
+                       routes=routes, loader=loader, scores=evaluated.scores() if evaluated else None)
     try:
         url = server.start()
     except ServerStartError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.routing.router import Request, Router, Routes, Rule, has_code
+from engine.routing.router import Request, Router, Routes, Rule, has_code, task_kind
 
 RESIDENT = ["small", "large"]
 
@@ -123,3 +123,25 @@ def test_default_routes_send_hard_requests_to_the_largest_model():
     assert route(routes, ask("a" * 700)).model == "large"
     assert route(routes, ask("Hello!")).model == "small"
     assert Routes.default_for({"only": 1}) == Routes([], "only")
+
+
+def test_the_kind_of_task_is_guessed_right_for_every_shipped_task():
+    from engine.routing.evaluation import TaskSet
+
+    assert [task_kind(t.prompt) for t in TaskSet.shipped().tasks] == [t.category for t in TaskSet.shipped().tasks]
+    assert task_kind("How many moons has Mars?") == "factual" and task_kind("2 + 2?") == "arithmetic"
+    assert task_kind("Fix this:\n```js\nlet x = 1\n```") == "code"
+
+
+def test_min_score_routes_by_the_evaluated_accuracy_on_the_kind_of_task():
+    routes = Routes([Rule("large", min_score=0.5)], "small")
+    scores = {"large": {"arithmetic": 0.75, "code": 0.25}, "small": {"arithmetic": 0.0, "code": 0.25}}
+    router = Router(routes, scores)
+    decision = router.route(ask("What is 6 times 7?"), ["small", "large"], "small")
+    assert decision.model == "large"
+    assert decision.reason == "large answered 75% of the arithmetic tasks right (at least 50%)"
+    assert router.route(ask("Write a Python function"), ["small", "large"], "small").model == "small"
+    assert Router(routes).route(ask("What is 6 times 7?"), ["small", "large"], "small").model == "small"  # unscored
+    with pytest.raises(ValueError, match="min_score must be a share of tasks from 0 to 1, not 75"):
+        Routes.from_dict({"rules": [{"model": "large", "min_score": 75}]})
+    assert Routes.from_dict(routes.to_dict()) == routes
