@@ -7,10 +7,12 @@ signals to the views); a test builds one with no window at all and drives it thr
 
 from __future__ import annotations
 
+import asyncio
+
 from PySide6.QtCore import QObject
 
 from engine import ModelLibrary
-from engine.routing.evaluation import load_saved
+from engine.routing.evaluation import RouteEvaluation, TaskSet, evaluate, load_saved, save
 from engine.routing.router import Router, Routes
 
 from ..data.personas import Personas
@@ -55,6 +57,20 @@ class ChatSession(QObject):
         self.settings["routes"] = routes.to_dict() if routes is not None else None
         self.settings.save()
         self.router.follow(routes)
+
+    def routes(self) -> Routes | None:
+        """The routes routed chats follow (None: the default routes)."""
+        return self.router.routes if self.router.given else None
+
+    async def evaluate_routes(self, routes: Routes | None) -> RouteEvaluation:
+        """Every resident local model answers the shipped evaluation tasks and ``routes`` route each (as
+        ``eval-route`` does); the result is saved and the router's ``min_score`` rules read it from now on."""
+        if not self.bridge.ready:
+            raise RuntimeError("no local model is loaded")
+        result = await evaluate(self.bridge.engine, TaskSet.shipped(), Router(routes))
+        self.router.scores = result.scores()
+        await asyncio.to_thread(save, result)
+        return result
 
     def start(self) -> None:
         """Serve the local API if the settings ask for it, open the latest chat, ask the servers for models

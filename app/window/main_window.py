@@ -22,6 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.routing.evaluation import load_saved
+
 from ..chats.context_meter import ContextMeter
 from ..chats.reply_flow import ReplyFlow
 from ..chats.session import ChatSession
@@ -30,6 +32,7 @@ from ..dialogs.about import AboutDialog
 from ..dialogs.model_manager import ModelDialog
 from ..dialogs.preferences import PreferencesDialog
 from ..dialogs.remote_servers import RemoteServersDialog
+from ..dialogs.routing import RoutingDialog
 from ..theme import apply_theme, follow_system_scheme, stop_following_system_scheme
 from ..transcript.model import Transcript
 from .chat_commands import ChatCommands
@@ -133,7 +136,8 @@ class MainWindow(QMainWindow):
             "text_reset": lambda: self.set_text_scale(DEFAULTS["text_scale"]),
             "highlight_drafts": self.set_highlight_drafts,
             "choose_model": self.choose_model, "model_manager": self.open_model_manager,
-            "remote_servers": self.open_remote_servers, "shortcuts": self.show_shortcuts, "about": self.show_about,
+            "remote_servers": self.open_remote_servers, "routing": self.open_routing,
+            "shortcuts": self.show_shortcuts, "about": self.show_about,
         })
         self.commands["toggle_panel"].setChecked(self.model_bar.panel_button.isChecked())
         self.commands["highlight_drafts"].setChecked(self.settings["highlight_drafts"])
@@ -253,6 +257,15 @@ class MainWindow(QMainWindow):
 
     def open_remote_servers(self) -> RemoteServersDialog:
         dialog = RemoteServersDialog(self.remote, self)
+        dialog.open()
+        return dialog
+
+    def open_routing(self) -> RoutingDialog:
+        """The routing rules and the latest evaluation; OK keeps the rules for every routed chat."""
+        session = self.session
+        dialog = RoutingDialog(session.routes(), list(self.bridge.all_stats()), load_saved(),
+                               session.evaluate_routes, self)
+        dialog.accepted.connect(lambda: session.set_routes(dialog.chosen()))
         dialog.open()
         return dialog
 

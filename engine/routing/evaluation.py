@@ -130,7 +130,7 @@ class RouteEvaluation:
 
     def routed_accuracy(self, category: str | None = None) -> float | None:
         """The share of tasks the router's chosen model answered right."""
-        marks = [self._answer(c).correct for c in self.choices
+        marks = [self.answer_to(c).correct for c in self.choices
                  if category is None or self.tasks.tasks[c.task].category == category]
         return sum(marks) / len(marks) if marks else None
 
@@ -141,7 +141,8 @@ class RouteEvaluation:
             share[choice.model] = share.get(choice.model, 0) + 1
         return share
 
-    def _answer(self, choice: Choice) -> Answer:
+    def answer_to(self, choice: Choice) -> Answer:
+        """The chosen model's answer to the task the router routed."""
         return next(a for a in self.score(choice.model).answers if a.task == choice.task)
 
     def to_dict(self) -> dict:
@@ -177,7 +178,7 @@ class RouteEvaluation:
         return rows
 
     def _routed_ttft(self) -> float | None:
-        values = [a.ttft_s for a in map(self._answer, self.choices) if a.ttft_s is not None]
+        values = [a.ttft_s for a in map(self.answer_to, self.choices) if a.ttft_s is not None]
         return statistics.median(values) if values else None
 
     def markdown(self) -> str:
