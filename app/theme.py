@@ -24,7 +24,8 @@ SERIES = {  # the panels' charts and plots
     "decode": "#3a7bd5", "prefill": "#e67e22", "kv_usage": "#8e44ad", "ttft": "#c0392b", "queue": "#5f6b7a",
     "hit_rate": "#2eaa6a", "token_gap": "#16a085",
 }
-MEMORY = {"weights": "#3a7bd5", "kv": "#8e44ad", "graphs": "#e67e22", "runtime": "#9aa1aa"}  # the memory bar
+MEMORY = {"weights": "#3a7bd5", "kv": "#8e44ad", "graphs": "#e67e22", "others": "#17a2b8",
+          "runtime": "#9aa1aa"}  # the memory bar
 BLOCKS = {"shared": "#8e44ad", "cached": "#2eaa6a", "free": "#9aa1aa", "unowned": "#6c7a89"}  # the KV pool
 # Chats' colours in the pool and the request list: none is the shared purple, the cached green or a grey.
 CHATS = ("#3a7bd5", "#e67e22", "#c0392b", "#d4ac0d", "#e84393", "#8d6e63", "#17a2b8", "#34495e")

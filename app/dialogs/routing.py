@@ -68,7 +68,7 @@ class RoutingDialog(QDialog):
         self.run_evaluation = run_evaluation
         self.evaluation_task: asyncio.Task | None = None
         self._chosen: Routes | None = routes
-        tabs = QTabWidget()
+        self.tabs = tabs = QTabWidget()
         tabs.addTab(self._rules_tab(routes), "Rules")
         tabs.addTab(self._evaluation_tab(), "Evaluation")
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
@@ -93,6 +93,7 @@ class RoutingDialog(QDialog):
             item = QTableWidgetItem(heading)
             item.setToolTip(tip)
             self.table.setHorizontalHeaderItem(column, item)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(FIELDS.index("keywords"), QHeaderView.Stretch)
         self.table.verticalHeader().setVisible(False)
         self.add_button = QPushButton("Add rule")
@@ -235,9 +236,12 @@ class RoutingDialog(QDialog):
         self.choices.setHorizontalHeaderLabels(("Task", "Routed to", "Why", "Right"))
         self.choices.setAccessibleName("Where the router sent each task")
         self.choices.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
+        self.choices.setColumnWidth(0, 300)
+        self.scores.horizontalHeader().setStretchLastSection(True)
         for table in (self.scores, self.choices):
             table.setEditTriggers(QAbstractItemView.NoEditTriggers)
             table.verticalHeader().setVisible(False)
+            table.setWordWrap(False)
         self.run_button = QPushButton("Run evaluation")
         self.run_button.setToolTip("Every loaded model answers the shipped tasks (factual, arithmetic, code), "
                                    "one at a time; then the router routes each task")

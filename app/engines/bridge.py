@@ -406,8 +406,8 @@ class EngineBridge(QObject):
         every = self.all_stats()
         if self.resident and not self.loading and set(self.resident) - set(every):
             self._forget_unloaded(every)
+        self.models_updated.emit(every)  # first: the model on screen's numbers count the others' memory
         self.stats_updated.emit(self.stats())
-        self.models_updated.emit(every)
 
     def _forget_unloaded(self, every: dict[str, EngineStats]) -> None:
         """Models the engine unloaded by itself (idle): forgotten, and the first one shown where it was on screen."""

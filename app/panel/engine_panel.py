@@ -44,6 +44,7 @@ from .history import EngineHistory
 from .kv_blocks import COLORS, BlockPoolView, PoolLegend, conversation_color
 from .memory_bar import MemoryBar, MemoryParts
 from .request_table import RequestRow, RequestTableModel
+from .resident_models import ResidentModels
 
 TTFT = "TTFT (last / median)"
 GAP = "Gap p99 / max"  # between two tokens of one reply
@@ -77,6 +78,8 @@ class EnginePanel(QWidget):
         page = QWidget()
         layout = QVBoxLayout(page)
         layout.setContentsMargins(2, 4, 6, 4)
+        self.models = ResidentModels()
+        layout.addWidget(self.models)
         layout.addWidget(self._group("Speed", [TTFT, "Queue (median)", "Decode", SPECULATION, GAP, "Prefill",
                                                "Requests", "Errors", "Preemptions"]))
         cache = self._group("KV cache", ["Usage", "Blocks", "Prefix hit rate", "On disk"])
@@ -164,6 +167,11 @@ class EnginePanel(QWidget):
         self._show_requests(s, owners or {})
         self.charts.refresh()
 
+    def update_models(self, every: dict[str, EngineStats], shown: str | None) -> None:
+        """Every resident model's row (the list shows from two models on); ``shown`` is the one whose numbers
+        the rest of the panel shows, the others count as 'other models' in its memory bar."""
+        self.models.update_models(every, shown)
+
     def _show_speed(self, s: EngineStats) -> None:
         ttfts = self.history.points["ttft"]
         if ttfts and (self._live_ttft_at is None or ttfts[-1][0] > self._live_ttft_at):
@@ -189,7 +197,7 @@ class EnginePanel(QWidget):
         self._set("Device", device_text(s))
         self._set("Attention", s.attention_backend)
         self.labels["Attention"].setToolTip(s.attention_reason)  # why this backend; the row stays one line
-        parts = MemoryParts.of(s)
+        parts = MemoryParts.of(s, self.models.others_bytes())
         self._set("Memory", parts.summary() if parts else
                   f"model {size_text(s.model_memory_bytes)}, KV {size_text(s.kv_cache_memory_bytes)}")
         self.memory_bar.set_parts(parts)

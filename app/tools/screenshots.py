@@ -3,7 +3,8 @@
 Every reply in them was written by the model (greedy, so the pictures can be made again): nothing is typed
 into the database and credited to it. Shots: a chat while three others stream (light and dark), finished
 replies with their numbers, the context-full question, the engine panel close up (its numbers, then its
-charts), and the model manager (its library, and Discover before a search).
+charts), the model manager (its library, and Discover before a search), and two models resident at once: an
+Auto chat's routed reply beside the panel's list of models, and the routing dialog's rules and evaluation.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .offscreen import start_offscreen
 
 QUESTION = "How do I sort a list of dicts by a key in Python? Show a short code example."
 FOLLOW_UP = "And how do I sort from the largest to the smallest?"
+ROUTED = "Write a Python function that tells whether a number is prime."
 STREAMING = ("Write a long story about a lighthouse keeper and her cat.",
              "Write a long, detailed explanation of how bread rises.",
              "Write a long letter to a friend about a trip to Norway.")
@@ -26,7 +28,8 @@ def greedy(window, conversation_id: int, max_tokens: int) -> None:
 
     chat = window.conversations.get(conversation_id)
     window.conversations.configure(conversation_id, chat.preset, chat.system_prompt,
-                                   {**DEFAULTS["sampling"], "temperature": 0.0, "max_tokens": max_tokens})
+                                   {**chat.settings, **DEFAULTS["sampling"], "temperature": 0.0,
+                                    "max_tokens": max_tokens})
 
 
 async def settle() -> None:
@@ -85,7 +88,31 @@ async def capture(window, out: Path) -> list[Path]:
     dialog.tabs.setCurrentWidget(dialog.discover)  # before a search: nothing on it comes from a network
     await save(dialog, "model-manager-discover")
     dialog.close()
+    await several_models(window, save)
     return shots
+
+
+async def several_models(window, save) -> None:
+    """The bundled model at full precision loaded beside its 4-bit copy; an Auto chat whose code question the
+    default routes send to the larger one; the routing dialog, its evaluation run on both."""
+    from ..data.settings import local_config
+
+    window.actions.new()
+    loading = window.switcher.switch(local_config(window.settings, "default", "none"))
+    if loading is not None:
+        await loading
+    chat = window.actions.new()
+    window.model_bar.auto_requested.emit()
+    greedy(window, chat.id, 120)
+    await window.send(ROUTED)
+    window.side.show_stats(window.bridge.stats())
+    await save(window, "routed-reply")
+    dialog = window.open_routing()
+    await save(dialog, "routing-rules")
+    dialog.tabs.setCurrentIndex(1)
+    await dialog.start_evaluation()
+    await save(dialog, "routing-evaluation")
+    dialog.close()
 
 
 def main() -> int:

@@ -38,8 +38,11 @@ class EnginePanels(QScrollArea):
         self.setFocusPolicy(Qt.NoFocus)
         self.panel.setFocusPolicy(Qt.TabFocus)  # read-only, but a stop of its own for the keyboard and readers
         self.panel.setAccessibleName("Engine panel")
-        session.bridge.loaded.connect(self.show_stats)
-        session.bridge.stats_updated.connect(self.show_stats)
+        self.picked: str | None = None  # a resident model the user picked in the panel's list, None: the focused
+        session.bridge.loaded.connect(self._focus_changed)
+        session.bridge.stats_updated.connect(self._focused_stats)
+        session.bridge.models_updated.connect(self._models_updated)
+        self.panel.models.model_chosen.connect(self.pick)
         session.controller.first_token.connect(self._first_token)
         session.controller.reply_finished.connect(self._reply_finished)
 
@@ -47,6 +50,34 @@ class EnginePanels(QScrollArea):
         """The remote server's panel for a chat that runs on ``choice``, the local engine's for None."""
         self.remote_panel.show_choice(choice)
         self.panels.setCurrentWidget(self.remote_panel if choice else self.panel)
+
+    def shown_model(self) -> str | None:
+        """The resident model whose numbers the local panel shows: the one picked in its list, else the one on
+        screen."""
+        return self.picked or self.session.bridge.focused
+
+    def pick(self, model: str) -> None:
+        """Show ``model``'s numbers and pool (the chats keep their models)."""
+        self.picked = None if model == self.session.bridge.focused else model
+        self._models_updated(self.session.bridge.all_stats())
+        stats = self.session.bridge.stats(model)
+        if stats is not None:
+            self.show_stats(stats)
+
+    def _focus_changed(self, stats: EngineStats) -> None:
+        self.picked = None
+        self.show_stats(stats)
+
+    def _focused_stats(self, stats: EngineStats) -> None:
+        if self.picked is None:
+            self.show_stats(stats)
+
+    def _models_updated(self, every: dict[str, EngineStats]) -> None:
+        if self.picked is not None and self.picked not in every:
+            self.picked = None  # unloaded since
+        self.panel.update_models(every, self.shown_model())
+        if self.picked is not None:
+            self.show_stats(every[self.picked])
 
     def show_stats(self, stats: EngineStats) -> None:
         """The local engine's numbers, each live request named by its chat; while hidden, only the history."""

@@ -154,17 +154,26 @@ class ModelBar(QWidget):
     def show_remote(self, choice: RemoteChoice | None, routed: bool = False) -> None:
         """The chat on screen runs on ``choice`` (None: on the local engine; ``routed``: on the router's choice):
         show that in the bar."""
-        self.remote_shown, self.routed_shown = choice, routed and choice is None
-        self.quant_box.setEnabled(choice is None and not self.routed_shown)
-        self.draft_box.setVisible(choice is None and not self.routed_shown)
+        self._runs_on(choice, routed and choice is None)
         if choice is not None:
             if index_of(self.model_box, choice) < 0:
                 self.refill()
             server = self.remote.server(choice.server_id) if self.remote else None
             self.device_label.setText(f"remote · {server.base_url}" if server else "remote · server removed")
-        elif self.bridge.stats() is not None:
-            self._stats(self.bridge.stats())
         self.show_serving()
+
+    def show_local(self, config: EngineConfig) -> None:
+        """The chat on screen runs on ``config``'s local model from now on: the bar shows it while it loads."""
+        self._runs_on(None, False)
+        self._show(config.model, config.quantization)
+
+    def _runs_on(self, choice: RemoteChoice | None, routed: bool) -> None:
+        self.remote_shown, self.routed_shown = choice, routed
+        local = choice is None and not routed
+        self.quant_box.setEnabled(local)
+        self.draft_box.setVisible(local)
+        if choice is None and self.bridge.stats() is not None:
+            self._stats(self.bridge.stats())
 
     def _show(self, spec: str, quantization: str) -> None:
         index = self.model_box.findData(spec)

@@ -35,7 +35,7 @@ class ModelSwitch(QObject):
         current = self.session.actions.current
         if current is not None:
             self.session.sources.run_locally_on(current, LocalModel(config.model, config.quantization))
-            self.model_bar.show_remote(None)
+            self.model_bar.show_local(config)
         return self.show(config)
 
     def show(self, config: EngineConfig) -> asyncio.Future | None:

@@ -61,6 +61,19 @@ class FakeBridge(QObject):
     def resident(self) -> dict:
         return {self.focused: self.config}
 
+    @property
+    def engine(self) -> FakeBridge:
+        """The engine the router asks which models are resident: this bridge's one model."""
+        return self
+
+    def model_ids(self) -> list[str]:
+        return [self.focused]
+
+    def model_id(self, name: str | None = None) -> str:
+        if name not in (None, self.focused):
+            raise LookupError(f"no resident model answers to {name}")
+        return self.focused
+
     def resident_id(self, config) -> str | None:
         same = self.config is not None and (config.model, config.quantization) == (
             self.config.model, self.config.quantization)

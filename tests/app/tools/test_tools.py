@@ -6,11 +6,16 @@ from PySide6.QtGui import QImage
 from app.tools import screenshots, ui_bench
 
 
-def test_screenshots_writes_eight_pictures_of_the_real_window(window, qloop, tmp_path):
+def test_screenshots_writes_eleven_pictures_of_the_real_window(window, qloop, tmp_path):
+    example = window.current
     shots = qloop.run_until_complete(screenshots.capture(window, tmp_path))
     assert [p.name for p in shots] == ["finished-replies.png", "main-light.png", "main-dark.png",
                                        "engine-panel.png", "engine-charts.png", "context-full.png",
-                                       "model-manager.png", "model-manager-discover.png"]
+                                       "model-manager.png", "model-manager-discover.png", "routed-reply.png",
+                                       "routing-rules.png", "routing-evaluation.png"]
+    routed = [m for m in window.store.thread(window.current) if m.role == "assistant"]
+    assert [m.stats["route"]["by"] for m in routed] == ["router"]  # the Auto chat's reply went where routing said
+    window.actions.open(example)
     for path in shots:
         image = QImage(str(path))
         assert image.width() > 100 and image.height() > 50, path.name

@@ -216,6 +216,20 @@ def test_the_remote_servers_command_opens_its_dialog(qtbot, window, qloop, monke
     check_remote_servers(qtbot, window, qloop, monkeypatch, ())
 
 
+def check_routing(qtbot, window, loop, monkeypatch, keys):
+    class RoutingDialog(Recorded):
+        pass
+
+    monkeypatch.setattr("app.window.main_window.RoutingDialog", RoutingDialog)
+    Recorded.opened = []
+    window.commands["routing"].trigger()  # a menu command without keys of its own
+    assert Recorded.opened == ["RoutingDialog"]
+
+
+def test_the_routing_command_opens_its_dialog(qtbot, window, qloop, monkeypatch):
+    check_routing(qtbot, window, qloop, monkeypatch, ())
+
+
 def check_about(qtbot, window, loop, monkeypatch, keys):
     class AboutDialog(Recorded):
         pass
