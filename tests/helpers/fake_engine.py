@@ -54,17 +54,13 @@ class FakeBridge(QObject):
         self.streams = 0
         self.token_counts = 0  # how many times count_tokens ran
         self._stats = fake_stats()
+        self.engine = self  # what the router asks which models are resident: this bridge's one model
 
     focused = "Fake-1M"  # one resident model
 
     @property
     def resident(self) -> dict:
         return {self.focused: self.config}
-
-    @property
-    def engine(self) -> FakeBridge:
-        """The engine the router asks which models are resident: this bridge's one model."""
-        return self
 
     def model_ids(self) -> list[str]:
         return [self.focused]
