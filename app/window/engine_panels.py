@@ -59,10 +59,10 @@ class EnginePanels(QScrollArea):
     def pick(self, model: str) -> None:
         """Show ``model``'s numbers and pool (the chats keep their models)."""
         self.picked = None if model == self.session.bridge.focused else model
-        self._models_updated(self.session.bridge.all_stats())
-        stats = self.session.bridge.stats(model)
-        if stats is not None:
-            self.show_stats(stats)
+        every = self.session.bridge.all_stats()
+        self._models_updated(every)  # shows a picked model's numbers
+        if self.picked is None and model in every:
+            self.show_stats(every[model])
 
     def _focus_changed(self, stats: EngineStats) -> None:
         self.picked = None

@@ -87,6 +87,9 @@ def test_picking_a_model_shows_its_numbers_until_the_chat_on_screen_changes_mode
     panels.panel.models.table.cellClicked.emit(2, 0)
     assert panels.shown_model() == "default@none" and label["Model"].text() == "SmolLM2 full"
     assert label["Requests"].text() == "0 running, 2 waiting" and "other models 120.0 MiB" in label["Memory"].text()
+    panels.panel.models.table.cellClicked.emit(0, 0)  # back to the model on screen
+    assert panels.shown_model() == "default" and label["Model"].text() == "SmolLM2"
+    panels.panel.models.table.cellClicked.emit(2, 0)
     bridge.every["default@none"] = dataclasses.replace(large(), num_running=2, num_waiting=0)
     bridge.models_updated.emit(bridge.all_stats())
     bridge.stats_updated.emit(bridge.stats())  # the focused model's tick does not take the panel back

@@ -202,46 +202,29 @@ def check_model_manager(qtbot, window, loop, monkeypatch, keys):
     assert Recorded.opened == ["ModelDialog"]
 
 
-def check_remote_servers(qtbot, window, loop, monkeypatch, keys):
-    class RemoteServersDialog(Recorded):
-        pass
-
-    monkeypatch.setattr("app.window.main_window.RemoteServersDialog", RemoteServersDialog)
+def opens_its_dialog(window, monkeypatch, command: str, dialog: str) -> None:
+    """The menu command ``command``, one without keys of its own, opens the main window's ``dialog``."""
+    monkeypatch.setattr(f"app.window.main_window.{dialog}", type(dialog, (Recorded,), {}))
     Recorded.opened = []
-    window.commands["remote_servers"].trigger()  # a menu command without keys of its own
-    assert Recorded.opened == ["RemoteServersDialog"]
+    window.commands[command].trigger()
+    assert Recorded.opened == [dialog]
 
 
-def test_the_remote_servers_command_opens_its_dialog(qtbot, window, qloop, monkeypatch):
-    check_remote_servers(qtbot, window, qloop, monkeypatch, ())
+def check_remote_servers(qtbot, window, loop, monkeypatch, keys):
+    opens_its_dialog(window, monkeypatch, "remote_servers", "RemoteServersDialog")
 
 
 def check_routing(qtbot, window, loop, monkeypatch, keys):
-    class RoutingDialog(Recorded):
-        pass
-
-    monkeypatch.setattr("app.window.main_window.RoutingDialog", RoutingDialog)
-    Recorded.opened = []
-    window.commands["routing"].trigger()  # a menu command without keys of its own
-    assert Recorded.opened == ["RoutingDialog"]
-
-
-def test_the_routing_command_opens_its_dialog(qtbot, window, qloop, monkeypatch):
-    check_routing(qtbot, window, qloop, monkeypatch, ())
+    opens_its_dialog(window, monkeypatch, "routing", "RoutingDialog")
 
 
 def check_about(qtbot, window, loop, monkeypatch, keys):
-    class AboutDialog(Recorded):
-        pass
-
-    monkeypatch.setattr("app.window.main_window.AboutDialog", AboutDialog)
-    Recorded.opened = []
-    window.commands["about"].trigger()
-    assert Recorded.opened == ["AboutDialog"]
+    opens_its_dialog(window, monkeypatch, "about", "AboutDialog")
 
 
-def test_the_about_command_opens_its_dialog(qtbot, window, qloop, monkeypatch):
-    check_about(qtbot, window, qloop, monkeypatch, ())
+@pytest.mark.parametrize("command", ["remote_servers", "routing", "about"])
+def test_the_menu_command_opens_its_dialog(qtbot, window, qloop, monkeypatch, command):
+    globals()[f"check_{command}"](qtbot, window, qloop, monkeypatch, ())
 
 
 def check_shortcuts(qtbot, window, loop, monkeypatch, keys):
