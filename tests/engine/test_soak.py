@@ -1,7 +1,9 @@
 """Soak: 64 streams at once with random arrivals and aborts on a small KV pool, for a bounded time.
 
 No request is lost, every one that was not aborted ends at its length with the same tokens as any other greedy
-request for the same prompt, no KV block leaks, and resident memory stays flat after warm-up.
+request for the same prompt, no KV block leaks, and resident memory stays flat after warm-up. One request in eight
+is long (a prompt of 13 blocks and 40 tokens to write, never aborted); being long, they make up about a third of
+the requests running at any time, and four of them fill the pool, so it runs short whatever the machine's speed.
 ``KVASIR_SOAK_SECONDS`` sets the length (20 s by default, so CI stays short; run minutes by hand).
 """
 
@@ -19,14 +21,17 @@ from engine.models.memory import return_freed_memory
 
 CONCURRENCY = 64
 SYSTEM_PROMPTS = ["You are a terse assistant. " * 6, "You answer in French. " * 5, ""]
+LONG_PROMPT_TOKENS = 200  # 13 blocks of 16; with 40 more tokens, 15 blocks: four of them fill the pool of 48
 
 
 @pytest.mark.soak
 def test_soak_loses_nothing_and_leaks_nothing(tiny_llama):
     duration = float(os.environ.get("KVASIR_SOAK_SECONDS", 20))
-    engine = AsyncEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=96, max_model_len=256, max_num_seqs=64))
+    engine = AsyncEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=48, max_model_len=256, max_num_seqs=64))
     try:
-        tally, rss = asyncio.run(asyncio.wait_for(run_soak(engine, duration), duration + 120))
+        long_prompts = [engine.encode_prompt(long_text(i))[:LONG_PROMPT_TOKENS] for i in range(8)]
+        assert all(len(p) == LONG_PROMPT_TOKENS for p in long_prompts)
+        tally, rss = asyncio.run(asyncio.wait_for(run_soak(engine, duration, long_prompts), duration + 120))
         stats = wait_for_idle(engine)
     finally:
         engine.shutdown()
@@ -66,7 +71,11 @@ def wait_for_idle(engine, timeout=30.0):
     return engine.stats()
 
 
-async def run_soak(engine, duration):
+def long_text(i: int) -> str:
+    return " ".join(f"item {i}-{j} in the list of things to remember" for j in range(40))
+
+
+async def run_soak(engine, duration, long_prompts):
     rng = random.Random(7)
     tally = {"started": 0, "completed": 0, "aborted": 0}
     greedy: dict[str, list[int]] = {}  # prompt -> the longest greedy completion seen
@@ -77,7 +86,7 @@ async def run_soak(engine, duration):
     while loop.time() < deadline:
         while len(tasks) < CONCURRENCY:
             tally["started"] += 1
-            tasks.add(asyncio.ensure_future(one_request(engine, rng, tally, greedy)))
+            tasks.add(asyncio.ensure_future(one_request(engine, rng, tally, greedy, long_prompts)))
         done, tasks = await asyncio.wait(tasks, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             task.result()  # an assertion inside a request fails the soak
@@ -88,7 +97,7 @@ async def run_soak(engine, duration):
     return tally, rss
 
 
-async def one_request(engine, rng, tally, greedy):
+async def one_request(engine, rng, tally, greedy, long_prompts):
     prompt = rng.choice(SYSTEM_PROMPTS) + f"question {rng.randrange(40)}"
     temperature = rng.choice([0.0, 0.0, 0.9])
     params = SamplingParams(max_tokens=rng.randint(1, 40), temperature=temperature, seed=rng.randrange(1000),
@@ -104,7 +113,7 @@ async def one_request(engine, rng, tally, greedy):
     assert last.finished and last.finish_reason == "length" and len(last.token_ids) == params.max_tokens, last
     tally["completed"] += 1
     if temperature == 0.0:
-        check_greedy_consistent(greedy, prompt, last.token_ids)
+        check_greedy_consistent(greedy, str(prompt), last.token_ids)
 
 
 def check_greedy_consistent(greedy, prompt, tokens):
