@@ -140,6 +140,12 @@ class EnginePanel(QWidget):
 
     # -- updates ------------------------------------------------------------------------------------
 
+    def use_history(self, history: EngineHistory) -> None:
+        """Show and keep recording ``history`` (another model's) from now on; the charts redraw from it."""
+        self.history = self.charts.history = history
+        self._live_ttft_at = None
+        self.charts.refresh()
+
     def record(self, stats: EngineStats) -> int:
         """Keep ``stats`` in the history (also while the panel is hidden); returns how many first tokens were new."""
         return self.history.add(stats)
@@ -149,10 +155,12 @@ class EnginePanel(QWidget):
         self._live_ttft_at = self.history.latest
         self._show_ttft(seconds, median([*self.history.values("ttft"), seconds * 1000]) / 1000)
 
-    def update_stats(self, s: EngineStats, owners: dict[str, tuple[int, str]] | None = None) -> None:
-        """Record ``s`` and show it. ``owners``: request id -> (conversation id, title), to colour and name each
-        request."""
-        self.record(s)
+    def update_stats(self, s: EngineStats, owners: dict[str, tuple[int, str]] | None = None,
+                     record: bool = True) -> None:
+        """Show ``s`` (and ``record`` it: False where it is in the history already). ``owners``: request id ->
+        (conversation id, title), to colour and name each request."""
+        if record:
+            self.record(s)
         self._show_speed(s)
         used_tokens = s.kv_blocks_used * s.block_size
         self._set("Usage", f"{s.kv_usage:.0%} ({used_tokens:,} of {s.kv_blocks_total * s.block_size:,} tokens)")
@@ -167,10 +175,11 @@ class EnginePanel(QWidget):
         self._show_requests(s, owners or {})
         self.charts.refresh()
 
-    def update_models(self, every: dict[str, EngineStats], shown: str | None) -> None:
+    def update_models(self, every: dict[str, EngineStats], shown: str | None, on_screen: str | None = None) -> None:
         """Every resident model's row (the list shows from two models on); ``shown`` is the one whose numbers
-        the rest of the panel shows, the others count as 'other models' in its memory bar."""
-        self.models.update_models(every, shown)
+        the rest of the panel shows, the others count as 'other models' in its memory bar; ``on_screen`` the one
+        the chat on screen runs on."""
+        self.models.update_models(every, shown, on_screen)
 
     def _show_speed(self, s: EngineStats) -> None:
         ttfts = self.history.points["ttft"]

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHeaderView,
     QLabel,
+    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -55,14 +56,17 @@ class ModelRow:
 
 
 class ResidentModels(QGroupBox):
-    """Shown while two or more models are resident. ``model_chosen(id)`` when the user picks a row."""
+    """Shown while two or more models are resident. ``model_chosen(id)`` when the user picks a row,
+    ``unload_requested(id)`` when they ask to unload the model shown (never the one the chat on screen runs on)."""
 
     model_chosen = Signal(str)
+    unload_requested = Signal(str)
 
     def __init__(self, parent=None) -> None:
         super().__init__("Models", parent)
         self.rows: list[ModelRow] = []
         self.shown: str | None = None
+        self.on_screen: str | None = None
         self.table = QTableWidget(0, len(HEADINGS))
         self.table.setAccessibleName("Resident models")
         for column, (title, meaning) in enumerate(HEADINGS):
@@ -84,18 +88,23 @@ class ResidentModels(QGroupBox):
         self.table.cellClicked.connect(lambda row, _: self._chosen(row // 2))
         self.total = QLabel()
         self.total.setWordWrap(True)
+        self.unload = QPushButton("Unload")
+        self.unload.clicked.connect(lambda: self.shown and self.unload_requested.emit(self.shown))
         layout = QVBoxLayout(self)
         layout.addWidget(self.table)
         layout.addWidget(self.total)
+        layout.addWidget(self.unload, 0, Qt.AlignRight)
         self.hide()
 
-    def update_models(self, every: dict[str, EngineStats], shown: str | None) -> None:
-        """``every`` resident model's stats by id, ``shown`` the one the panel shows; hidden below two models."""
+    def update_models(self, every: dict[str, EngineStats], shown: str | None, on_screen: str | None = None) -> None:
+        """``every`` resident model's stats by id, ``shown`` the one the panel shows, ``on_screen`` the one the
+        chat on screen runs on (it cannot be unloaded from here); hidden below two models."""
         self.rows = [ModelRow(model, stats) for model, stats in every.items()]
-        self.shown = shown
+        self.shown, self.on_screen = shown, on_screen
         self.setVisible(len(self.rows) >= 2)
         if len(self.rows) < 2:
             return
+        self._show_unload()
         if self.table.rowCount() != 2 * len(self.rows):
             self.table.clearSpans()
             self.table.setRowCount(2 * len(self.rows))
@@ -118,6 +127,13 @@ class ResidentModels(QGroupBox):
         total = sum(r.memory_bytes for r in self.rows)
         self.total.setText(f"{len(self.rows)} models resident, {size_text(total)} between them. The one in bold "
                            "is shown below; pick another to see its numbers and pool.")
+
+    def _show_unload(self) -> None:
+        can = self.shown is not None and self.shown != self.on_screen
+        self.unload.setEnabled(can)
+        self.unload.setText(f"Unload {self.shown}" if can else "Unload")
+        self.unload.setToolTip("Free its weights and KV cache; its chats load it again when next used" if can else
+                               "The chat on screen runs on this model: pick another model in the list to unload it")
 
     def _item(self, row: int, column: int, alignment) -> QTableWidgetItem:
         item = self.table.item(row, column)

@@ -100,3 +100,61 @@ def test_picking_a_model_shows_its_numbers_until_the_chat_on_screen_changes_mode
     del bridge.every["default@none"]  # unloaded (idle)
     bridge.models_updated.emit(bridge.all_stats())
     assert panels.shown_model() == "default" and panels.panel.models.isHidden()
+
+
+def test_each_model_keeps_its_own_charts_and_the_panel_shows_the_picked_ones(qtbot, store):
+    from app.chats.session import ChatSession
+
+    bridge = TwoModels()
+    panels = EnginePanels(ChatSession(store, bridge))
+    qtbot.addWidget(panels)
+    panels.show()
+    for _ in range(3):
+        bridge.models_updated.emit(bridge.all_stats())
+        bridge.stats_updated.emit(bridge.stats())
+    assert panels.panel.history is panels.histories["default"]
+    assert panels.histories["default"].values("decode") == [210.0] * 3
+    assert panels.histories["default@none"].values("decode") == [0.0] * 3  # recorded while not shown
+    panels.panel.models.table.cellClicked.emit(2, 0)
+    assert panels.panel.history is panels.panel.charts.history is panels.histories["default@none"]
+    bridge.every["default@none"] = dataclasses.replace(large(), decode_tokens_per_s=17.5)
+    bridge.models_updated.emit(bridge.all_stats())
+    bridge.stats_updated.emit(bridge.stats())
+    assert panels.histories["default@none"].values("decode")[-1] == 17.5
+    assert panels.histories["default"].values("decode") == [210.0] * 4  # once per tick, shown or not
+    del bridge.every["default@none"]
+    bridge.models_updated.emit(bridge.all_stats())
+    bridge.stats_updated.emit(bridge.stats())
+    assert set(panels.histories) == {"default"} and panels.panel.history is panels.histories["default"]
+
+
+def test_the_unload_button_unloads_the_model_shown_asking_while_it_writes(qtbot, qloop, store, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    from app.chats.session import ChatSession
+
+    unloaded = []
+
+    class Unloading(TwoModels):
+        async def unload(self, model):
+            unloaded.append(model)
+            del self.every[model]
+            self.models_updated.emit(self.all_stats())
+
+    bridge = Unloading()
+    panels = EnginePanels(ChatSession(store, bridge))
+    qtbot.addWidget(panels)
+    panels.show()
+    bridge.models_updated.emit(bridge.all_stats())
+    button = panels.panel.models.unload
+    assert not button.isEnabled()  # the chat on screen runs on the model shown
+    panels.panel.models.table.cellClicked.emit(2, 0)
+    assert button.isEnabled() and button.text() == "Unload default@none"
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a: asked.append(a[2]) or QMessageBox.No)
+    button.click()  # two requests wait on it: asked, and the answer is no
+    assert asked and "2 replies are being written by default@none" in asked[0] and unloaded == []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a: QMessageBox.Yes)
+    future = panels.unload("default@none")
+    qloop.run_until_complete(future)
+    assert unloaded == ["default@none"] and panels.panel.models.isHidden() and panels.shown_model() == "default"
