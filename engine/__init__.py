@@ -33,6 +33,7 @@ _EXPORTS = {
     ".serving.metrics": ("CpuUsage", "DiskCacheStats", "EngineStats", "FirstToken", "GpuUsage", "RequestMetrics",
                          "RequestSnapshot", "SpeculationStats"),
     ".serving.outputs": ("RequestOutput",),
+    ".serving.prompt_encoder": ("Chat",),
     ".tools.kv_evaluation": ("KVQuality", "check_kv_formats"),
 }
 # exported under another name: public name -> (module, its name there)

@@ -26,6 +26,7 @@ from ..step import attention, attention_plan, cuda_graphs
 from ..step.attention_plan import AttentionPlan
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.runner import ModelRunner
+from ..templates.reasoning import PROMPT_TAIL_TOKENS, opened_by, reasoning_support
 from . import priority
 from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
@@ -37,6 +38,7 @@ from .kv_format import draft_kv_format
 from .metrics import CpuUsage, DiskCacheStats, EngineCounters, EngineStats, RequestMetrics, RequestSnapshot
 from .outputs import RequestOutput
 from .prompt_encoder import Prompt, PromptEncoder
+from .reply_channels import ReplyChannels
 from .scheduler import Chunk, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
 from .speculation import TO_DRAFT, Speculator
@@ -57,6 +59,7 @@ class Engine:
         self.counters = EngineCounters()
         self._sequences: dict[str, Sequence] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._channels: dict[str, ReplyChannels] = {}  # each reply's reasoning and answer
         self._pending: list[RequestOutput] = []  # refused or aborted, reported by the next step
         self._ids = itertools.count()
         self._load(config or EngineConfig(), progress)
@@ -77,6 +80,9 @@ class Engine:
         draft = load_draft_model(config, self.device, self.tokenizer) if config.draft_model else None
         self.max_model_len = self.loaded.max_model_len
         self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)
+        self.reasoning = reasoning_support(self.prompts.template.source, self.tokenizer.get_vocab())
+        if self.reasoning.note:
+            log.info("%s: %s", config.model, self.reasoning.note)
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype, self.kv_format)
         self.step_peak_bytes = 0  # measured on a GPU before sizing the cache
         self.graphs_problem = cuda_graphs.graphs_problem(config.cuda_graphs, self.device, self.loaded.model,
@@ -167,12 +173,21 @@ class Engine:
         seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter(), source=source)
         self._sequences[request_id] = seq
         self._detokenizers[request_id] = detokenizer
+        self._channels[request_id] = self._reply_channels(token_ids)
         problem = self._why_it_cannot_fit(seq)
         if problem:
             self._finish(seq, "error", problem)
         else:
             self.scheduler.add(seq)
         return request_id
+
+    def _reply_channels(self, prompt_ids: list[int]) -> ReplyChannels:
+        """A reply's channels: where the prompt leaves a reasoning block open, the reply starts in it."""
+        markers = self.reasoning.markers
+        if markers is None:
+            return ReplyChannels(None, False)
+        tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+        return ReplyChannels(markers, opened_by(tail, markers))
 
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; returns an output for every request that advanced or ended.
@@ -240,6 +255,7 @@ class Engine:
             outputs.append(self._output(seq, [], delta, text))
         self._sequences.clear()
         self._detokenizers.clear()
+        self._channels.clear()
         self._new_scheduler()
         return outputs
 
@@ -449,6 +465,9 @@ class Engine:
             inter_token_p99_s=gaps[0],
             inter_token_max_s=gaps[1],
             cpu=self._cpu_usage(),
+            reasoning_markers=str(self.reasoning.markers or ""),
+            thinking_switch=self.reasoning.can_turn_off,
+            reasoning_note=self.reasoning.note,
         )
 
     def _cpu_usage(self) -> CpuUsage | None:
@@ -671,6 +690,7 @@ class Engine:
         if new_tokens is None:
             new_tokens = [seq.token_ids[-1]] if reason in ("stop", "length") and seq.num_output_tokens else []
         out = self._output(seq, new_tokens, delta, text)
+        self._channels.pop(seq.request_id, None)
         if report:
             self._pending.append(out)
         return out
@@ -686,21 +706,31 @@ class Engine:
             return detok.text[: detok.released], ""
 
     def _output(self, seq: Sequence, delta_ids: list[int], delta_text: str, text: str | None = None) -> RequestOutput:
+        """The output of ``seq`` for this step; ``text``: the reply's released text (by default its
+        detokenizer's), ``delta_text`` its new part, both split here into answer and reasoning."""
         if text is None:
             detok = self._detokenizers[seq.request_id]
             text = detok.text[: detok.released]
+        channels = self._channels.get(seq.request_id) or ReplyChannels(None, False)
+        delta_answer, delta_reasoning = channels.update(text, seq.finished)
+        if channels.thinking:
+            seq.reasoning_tokens = seq.num_output_tokens
+        elif channels.reasoning and seq.reasoning_end_time is None:  # its reasoning has just ended
+            seq.reasoning_tokens, seq.reasoning_end_time = seq.num_output_tokens, seq.last_token_time
+        spans = tuple((start, min(end, len(text))) for start, end in seq.kept_draft_spans if start < len(text))
         return RequestOutput(
             request_id=seq.request_id,
-            text=text,
+            text=channels.answer,
             token_ids=seq.output_token_ids,
-            delta_text=delta_text,
+            delta_text=delta_answer,
             delta_token_ids=delta_ids,
             finished=seq.finished,
             finish_reason=seq.finish_reason,
             error=seq.error,
             metrics=RequestMetrics.of(seq),
-            kept_draft_spans=tuple((start, min(end, len(text))) for start, end in seq.kept_draft_spans
-                                   if start < len(text)),
+            kept_draft_spans=channels.answer_spans(spans),
+            reasoning=channels.reasoning,
+            delta_reasoning=delta_reasoning,
         )
 
 

@@ -27,6 +27,8 @@ class RequestMetrics:
     decode_tokens_per_s: float | None
     draft_tokens: int = 0  # speculative decoding: tokens drafted for this reply and computed
     accepted_draft_tokens: int = 0  # ... of which the reply kept (they are part of ``output_tokens``)
+    reasoning_tokens: int = 0  # output tokens spent reasoning (the end marker's included)
+    reasoning_s: float | None = None  # from the first token to the end of the reasoning (or the latest token)
 
     @classmethod
     def of(cls, seq: Sequence) -> RequestMetrics:
@@ -36,8 +38,11 @@ class RequestMetrics:
         if seq.num_output_tokens > 1 and seq.last_token_time and seq.first_token_time:
             span = seq.last_token_time - seq.first_token_time
             rate = (seq.num_output_tokens - 1) / span if span > 0 else None
+        thought = None
+        if seq.reasoning_tokens and seq.first_token_time is not None:
+            thought = (seq.reasoning_end_time or seq.last_token_time or seq.first_token_time) - seq.first_token_time
         return cls(queue, ttft, seq.num_prompt_tokens, seq.num_cached_prompt_tokens or 0, seq.num_output_tokens, rate,
-                   seq.draft_tokens, seq.accepted_draft_tokens)
+                   seq.draft_tokens, seq.accepted_draft_tokens, seq.reasoning_tokens, thought)
 
     def to_dict(self) -> dict:
         """The metrics by name, as the command line's ``--json`` line and the endpoint report them."""
@@ -53,6 +58,8 @@ class RequestMetrics:
             parts.append(f"{cached}/{self.prompt_tokens} prompt tokens from cache")
         if self.draft_tokens:
             parts.append(f"{self.accepted_draft_tokens}/{self.draft_tokens} drafted tokens kept")
+        if self.reasoning_tokens:
+            parts.append(f"thought for {self.reasoning_s or 0.0:.1f} s, {self.reasoning_tokens} tokens")
         return "[" + " | ".join(parts) + "]"
 
 
@@ -196,6 +203,9 @@ class EngineStats:
     process_resident_bytes: int = 0
     kv_touched_bytes: int = 0
     speculation: SpeculationStats | None = None  # speculative decoding; None for remote engines
+    reasoning_markers: str = ""  # what the model writes its reasoning between ("<think>…</think>"), "" for none
+    thinking_switch: bool = False  # its chat template can be asked not to think (Chat options enable_thinking)
+    reasoning_note: str = ""  # what about its reasoning is not handled, in words
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from .metrics import RequestMetrics
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
-    """The whole completion so far and what is new in this step."""
+    """The whole completion so far and what is new in this step: the answer, and apart from it the reasoning."""
 
     request_id: str
     text: str
@@ -22,3 +22,7 @@ class RequestOutput:
     metrics: RequestMetrics
     # [start, end) ranges of ``text`` that came from kept draft tokens (speculative decoding), in order
     kept_draft_spans: tuple[tuple[int, int], ...] = ()
+    # the reply's reasoning so far and its new part, for a model that thinks before it answers (``text`` is then
+    # the answer alone; see engine.templates.reasoning)
+    reasoning: str = ""
+    delta_reasoning: str = ""

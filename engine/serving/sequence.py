@@ -43,6 +43,8 @@ class Sequence:
     # [start, end) character ranges of the reply's text that came from kept draft tokens, in order, touching ones
     # joined (the transcript can highlight them)
     kept_draft_spans: list[tuple[int, int]] = field(default_factory=list)
+    reasoning_tokens: int = 0  # output tokens of its reasoning (all of them while it thinks)
+    reasoning_end_time: float | None = None  # when its reasoning ended
 
     def mark_kept_draft(self, start: int, end: int) -> None:
         """Characters ``[start, end)`` of the reply's text came from a kept draft token."""

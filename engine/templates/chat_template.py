@@ -22,11 +22,13 @@ class ChatTemplate:
                           if isinstance(value, (str, list))}
         self.sandbox = sandbox or shared_sandbox()
 
-    def render(self, messages: list[dict], max_chars: int) -> str:
+    def render(self, messages: list[dict], max_chars: int, options: dict | None = None) -> str:
         """The chat as text, ready for the model to write the next assistant message. A final assistant message
-        is continued, not closed (a reply cut short is written on)."""
+        is continued, not closed (a reply cut short is written on). ``options``: more variables for the template
+        (``enable_thinking``, say)."""
         continuing = messages[-1]["role"] == "assistant"
-        return self.sandbox.render(self.source, messages, variables=self.variables,
+        variables = {**self.variables, **options} if options else self.variables
+        return self.sandbox.render(self.source, messages, variables=variables,
                                    add_generation_prompt=not continuing, continue_final_message=continuing,
                                    max_chars=max_chars)
 
