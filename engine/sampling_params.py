@@ -28,6 +28,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # split the reply's reasoning from its answer (RequestOutput.reasoning) where the model writes any; False:
+    # the text as written, markers and all (a raw completion)
+    split_reasoning: bool = True
 
     def __post_init__(self) -> None:
         self.max_tokens = _integer("max_tokens", self.max_tokens, low=1)
@@ -39,8 +42,9 @@ class SamplingParams:
         self.seed = None if self.seed is None else _integer("seed", self.seed, low=0, high=MAX_SEED)
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be true or false, not {self.ignore_eos!r}")
+        for name in ("ignore_eos", "split_reasoning"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
 
     @property
     def greedy(self) -> bool:

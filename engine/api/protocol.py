@@ -9,6 +9,7 @@ import numbers
 from dataclasses import dataclass
 
 from ..sampling_params import MAX_SEED, SamplingParams
+from ..serving.prompt_encoder import Chat, checked_options
 from .errors import bad_field, shown
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -50,7 +51,7 @@ COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", *SAMPLING_FI
 CHAT_FIELDS = frozenset({*COMMON_FIELDS, "messages", "max_completion_tokens", "n", "frequency_penalty",
                          "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "tools", "functions",
                          "tool_choice", "function_call", "response_format", "modalities", "audio", "prediction",
-                         "web_search_options"})
+                         "web_search_options", "chat_template_kwargs"})
 COMPLETION_FIELDS = frozenset({*COMMON_FIELDS, "prompt", "n", "best_of", "frequency_penalty", "presence_penalty",
                                "logit_bias", "logprobs", "suffix", "echo"})
 OPENAI_RANGES = {"temperature": (0.0, 2.0), "frequency_penalty": (-2.0, 2.0), "presence_penalty": (-2.0, 2.0)}
@@ -62,7 +63,7 @@ class ApiRequest:
 
     kind: str  # "chat" | "completion"
     model: str
-    prompt: str | list[int] | list[dict]
+    prompt: str | list[int] | Chat
     prompt_field: str  # the field the prompt came from, for errors about its length
     sampling: dict  # SamplingParams fields other than max_tokens, each already checked
     max_tokens: int | None  # None: the default for this kind
@@ -76,15 +77,25 @@ class ApiRequest:
         replies differ and each is reproducible."""
         seed = self.sampling.get("seed")
         values = self.sampling if seed is None else {**self.sampling, "seed": (seed + choice) % (MAX_SEED + 1)}
-        return SamplingParams(max_tokens=max_tokens, **values)
+        # a chat's reasoning comes apart from its answer (reasoning_content); a completion is the text as written
+        return SamplingParams(max_tokens=max_tokens, split_reasoning=self.kind == "chat", **values)
 
 
 def parse_chat(body: dict) -> ApiRequest:
     """A ``/v1/chat/completions`` body; raises :class:`ApiError` (400) naming the field at fault."""
     present = _present(body, CHAT_FIELDS)
-    messages = chat_messages(_required(body, "messages"))
+    chat = Chat(chat_messages(_required(body, "messages")), _template_options(present))
     field = "max_completion_tokens" if "max_completion_tokens" in present else "max_tokens"
-    return _request("chat", body, present, messages, "messages", field)
+    return _request("chat", body, present, chat, "messages", field)
+
+
+def _template_options(present: dict) -> dict:
+    """``chat_template_kwargs`` (vLLM's and llama-server's name): more variables for the model's chat template,
+    such as ``{"enable_thinking": false}``."""
+    try:
+        return checked_options(present.get("chat_template_kwargs", {}))
+    except ValueError as exc:
+        raise bad_field("chat_template_kwargs", str(exc)) from None
 
 
 def parse_completion(body: dict) -> ApiRequest:
@@ -211,7 +222,13 @@ def _message(index: int, message) -> dict:
         raise bad_field(f"{where}.role", f"{role} messages are not supported: this server has no tool calling")
     if role not in CHAT_ROLES:
         raise bad_field(f"{where}.role", f"{where}.role must be one of {', '.join(CHAT_ROLES)}, not {shown(role)}")
-    return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{where}.content")}
+    checked = {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{where}.content")}
+    reasoning = message.get("reasoning_content")
+    if reasoning is not None and role == "assistant":  # an earlier reply's reasoning: the template decides
+        if not isinstance(reasoning, str):
+            raise bad_field(f"{where}.reasoning_content", f"{where}.reasoning_content must be a string")
+        checked["reasoning_content"] = reasoning
+    return checked
 
 
 def _content(content, where: str) -> str:

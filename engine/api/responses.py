@@ -37,18 +37,23 @@ class Reply:
         for index, out in enumerate(finals):
             reason = FINISH_REASONS[out.finish_reason]
             if self.kind == "chat":
-                choices.append({"index": index, "message": {"role": "assistant", "content": out.text},
-                                "logprobs": None, "finish_reason": reason})
+                message = {"role": "assistant", "content": out.text}
+                if out.reasoning:
+                    message["reasoning_content"] = out.reasoning  # vLLM's and llama-server's name
+                choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": reason})
             else:
                 choices.append({"index": index, "text": out.text, "logprobs": None, "finish_reason": reason})
         return {**self._head(self.object), "choices": choices, "usage": usage(finals)}
 
     def chunk(self, index: int, text: str, finish_reason: str | None = None, first: bool = False,
-              with_usage: bool = False) -> dict:
-        """One stream chunk of reply ``index``: new text, and the finish reason on its last one."""
+              with_usage: bool = False, reasoning: str = "") -> dict:
+        """One stream chunk of reply ``index``: new text (or new reasoning, a chat's ``reasoning_content``), and
+        the finish reason on its last one."""
         reason = FINISH_REASONS[finish_reason] if finish_reason else None
         if self.kind == "chat":
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            if reasoning:
+                delta = {"reasoning_content": reasoning}
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:

@@ -305,6 +305,8 @@ async def events(reply: Reply, firsts: list[RequestOutput], streams: list[Reques
                 if out.finished and out.finish_reason not in FINISH_REASONS:
                     yield sse(failure(out).body())
                     break
+                if out.delta_reasoning:
+                    yield sse(reply.chunk(index, "", reasoning=out.delta_reasoning, with_usage=include_usage))
                 if out.delta_text:
                     yield sse(reply.chunk(index, out.delta_text, with_usage=include_usage))
                 if out.finished:

@@ -26,6 +26,7 @@ import httpx
 from ..sampling_params import SamplingParams
 from ..serving.metrics import RequestMetrics
 from ..serving.outputs import RequestOutput
+from ..serving.prompt_encoder import Chat
 from .errors import RemoteError, error_message, status_reason, transport_reason
 from .metrics import ServerMetrics, read_server_metrics
 from .server_url import RemoteConfig
@@ -54,6 +55,7 @@ class _Reply:
 
     started: float
     text: str = ""
+    reasoning: str = ""
     pieces: int = 0
     first: float | None = None
     last: float | None = None
@@ -103,9 +105,10 @@ class RemoteClient:
             return ServerMetrics.not_reported(f"/metrics answered HTTP {response.status_code}")
         return read_server_metrics(response.text)
 
-    def stream_chat(self, messages: list[dict], sampling: SamplingParams, model: str,
+    def stream_chat(self, messages: list[dict] | Chat, sampling: SamplingParams, model: str,
                     request_id: str | None = None) -> RemoteStream:
-        """Stream a reply to chat ``messages`` from ``model``; ``async for`` its outputs."""
+        """Stream a reply to chat ``messages`` (or a :class:`Chat` with template options) from ``model``;
+        ``async for`` its outputs."""
         return RemoteStream(self, messages, sampling, model, request_id)
 
     # -- requests -------------------------------------------------------------------------------------
@@ -152,11 +155,13 @@ class RemoteStream:
     """One streamed reply: ``request_id`` at once, then ``async for out in stream``. Leaving the loop (or
     cancelling the task) closes the connection."""
 
-    def __init__(self, client: RemoteClient, messages: list[dict], sampling: SamplingParams, model: str,
+    def __init__(self, client: RemoteClient, messages: list[dict] | Chat, sampling: SamplingParams, model: str,
                  request_id: str | None = None) -> None:
         self.request_id = request_id or new_request_id()
         self.client, self.model = client, model
-        self.body = request_body(messages, sampling, model)
+        chat = messages if isinstance(messages, Chat) else Chat(list(messages))
+        messages = chat.messages
+        self.body = request_body(messages, sampling, model, chat.options)
         last = messages[-1] if messages else {}
         self.continued = (last.get("content") or "") if last.get("role") == "assistant" else ""
 
@@ -177,8 +182,8 @@ class RemoteStream:
                 yield self._output(reply, "", status_reason(response.status_code, body, response.headers))
                 return
             async with aclosing(self._deltas(response, reply)) as deltas:  # closed here, in this task
-                async for delta in deltas:
-                    yield self._output(reply, delta)
+                async for delta, reasoning in deltas:
+                    yield self._output(reply, delta, reasoning=reasoning)
             yield self._output(reply, "", self._ending_problem(reply))
         except httpx.HTTPError as exc:
             yield self._output(reply, "", _keep_finished(reply, transport_reason(exc, config.base_url,
@@ -188,25 +193,27 @@ class RemoteStream:
         finally:
             await response.aclose()
 
-    async def _deltas(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[str]:
-        """The reply's new text, piece by piece and timed; an echo of the message being continued is dropped."""
+    async def _deltas(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[tuple[str, str]]:
+        """The reply's new (text, reasoning), piece by piece and timed; an echo of the message being continued is
+        dropped."""
         echo = EchoFilter(self.continued)
         async with aclosing(self._pieces(response, reply)) as pieces:
-            async for piece in pieces:
+            async for piece, reasoning in pieces:
                 now = time.perf_counter()
                 reply.first = reply.first or now
                 reply.last, reply.pieces = now, reply.pieces + 1
-                delta = echo.feed(piece)
-                if delta:
-                    reply.text += delta
-                    yield delta
+                delta = echo.feed(piece) if piece else ""
+                reply.text += delta
+                reply.reasoning += reasoning
+                if delta or reasoning:
+                    yield delta, reasoning
         tail = echo.flush()
         if tail:
             reply.text += tail
-            yield tail
+            yield tail, ""
 
-    async def _pieces(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[str]:
-        """The text of each event of the stream, recording finish reason and usage on ``reply``."""
+    async def _pieces(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[tuple[str, str]]:
+        """The (text, reasoning) of each event of the stream, recording finish reason and usage on ``reply``."""
         decoder = SSEDecoder()
         async with aclosing(_lines(response)) as lines:
             async for line in lines:
@@ -216,12 +223,12 @@ class RemoteStream:
                 if event.data.strip() == DONE:
                     return
                 piece = _apply_chunk(reply, _chunk(event.data, event.event))
-                if piece:
+                if any(piece):
                     yield piece
         event = decoder.flush()
         if event is not None and event.data.strip() != DONE:
             piece = _apply_chunk(reply, _chunk(event.data, event.event))
-            if piece:
+            if any(piece):
                 yield piece
 
     @staticmethod
@@ -231,10 +238,11 @@ class RemoteStream:
             return "the server ended the stream before the reply finished (no finish reason)"
         return None
 
-    def _output(self, reply: _Reply, delta: str, error: str | None = None) -> RequestOutput:
-        finished = error is not None or (not delta and reply.finish_reason is not None)
+    def _output(self, reply: _Reply, delta: str, error: str | None = None, reasoning: str = "") -> RequestOutput:
+        finished = error is not None or (not delta and not reasoning and reply.finish_reason is not None)
         reason = "error" if error is not None else (reply.finish_reason if finished else None)
-        return RequestOutput(self.request_id, reply.text, [], delta, [], finished, reason, error, _metrics(reply))
+        return RequestOutput(self.request_id, reply.text, [], delta, [], finished, reason, error, _metrics(reply),
+                             reasoning=reply.reasoning, delta_reasoning=reasoning)
 
 
 class EchoFilter:
@@ -301,10 +309,11 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
         await asyncio.gather(reader, return_exceptions=True)
 
 
-def request_body(messages: list[dict], sampling: SamplingParams, model: str) -> dict:
+def request_body(messages: list[dict], sampling: SamplingParams, model: str, options: dict | None = None) -> dict:
     """The ``/v1/chat/completions`` body: the usual OpenAI fields, and the extensions vLLM, SGLang and
-    llama-server accept (top_k, min_p, repetition_penalty, ..., continuing the final message) only where they
-    are needed, so a strict server is not sent fields it refuses."""
+    llama-server accept (top_k, min_p, repetition_penalty, ..., continuing the final message, the chat
+    template's ``options`` as chat_template_kwargs) only where they are needed, so a strict server is not sent
+    fields it refuses."""
     body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
     if sampling.seed is not None:
@@ -316,6 +325,8 @@ def request_body(messages: list[dict], sampling: SamplingParams, model: str) -> 
             body[name] = getattr(sampling, name)
     if sampling.stop_token_ids:
         body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if options:
+        body["chat_template_kwargs"] = dict(options)
     if messages and messages[-1].get("role") == "assistant":
         # continue that message rather than start another: vLLM's fields, which SGLang and llama-server read too
         body["continue_final_message"], body["add_generation_prompt"] = True, False
@@ -337,22 +348,26 @@ def _chunk(data: str, event: str) -> dict:
     return chunk
 
 
-def _apply_chunk(reply: _Reply, chunk: dict) -> str:
-    """Record a chunk's finish reason and usage on ``reply``; return its new text."""
+def _apply_chunk(reply: _Reply, chunk: dict) -> tuple[str, str]:
+    """Record a chunk's finish reason and usage on ``reply``; return its new text and reasoning (vLLM's and
+    llama-server's ``reasoning_content``, or ``reasoning`` as some servers call it)."""
     if isinstance(chunk.get("usage"), dict):
         reply.usage = chunk["usage"]
-    text = ""
+    text = reasoning = ""
     choices = chunk.get("choices")
     for choice in choices if isinstance(choices, list) else []:
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
             continue
         delta = choice.get("delta")
-        content = delta.get("content") if isinstance(delta, dict) else None
-        if isinstance(content, str):
-            text += content
+        delta = delta if isinstance(delta, dict) else {}
+        if isinstance(delta.get("content"), str):
+            text += delta["content"]
+        thought = delta.get("reasoning_content", delta.get("reasoning"))
+        if isinstance(thought, str):
+            reasoning += thought
         if choice.get("finish_reason"):
             reply.finish_reason = FINISH_REASONS.get(choice["finish_reason"], "stop")
-    return text
+    return text, reasoning
 
 
 def _keep_finished(reply: _Reply, reason: str) -> str | None:

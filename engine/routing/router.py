@@ -43,7 +43,8 @@ class Request:
 
     @classmethod
     def of(cls, prompt, needs=()) -> Request:
-        """From a chat's messages or a completion's text."""
+        """From a chat's messages (or a :class:`Chat`) or a completion's text."""
+        prompt = getattr(prompt, "messages", prompt)
         messages = prompt if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt) else [
             {"role": "user", "content": prompt if isinstance(prompt, str) else ""}]
         return cls(tuple(messages), frozenset(needs))

@@ -173,7 +173,7 @@ class Engine:
         seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter(), source=source)
         self._sequences[request_id] = seq
         self._detokenizers[request_id] = detokenizer
-        self._channels[request_id] = self._reply_channels(token_ids)
+        self._channels[request_id] = self._reply_channels(token_ids, sampling.split_reasoning)
         problem = self._why_it_cannot_fit(seq)
         if problem:
             self._finish(seq, "error", problem)
@@ -181,10 +181,11 @@ class Engine:
             self.scheduler.add(seq)
         return request_id
 
-    def _reply_channels(self, prompt_ids: list[int]) -> ReplyChannels:
-        """A reply's channels: where the prompt leaves a reasoning block open, the reply starts in it."""
+    def _reply_channels(self, prompt_ids: list[int], split: bool) -> ReplyChannels:
+        """A reply's channels (``split``: reasoning apart from the answer): where the prompt leaves a reasoning
+        block open, the reply starts in it."""
         markers = self.reasoning.markers
-        if markers is None:
+        if markers is None or not split:
             return ReplyChannels(None, False)
         tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
         return ReplyChannels(markers, opened_by(tail, markers))

@@ -22,7 +22,7 @@ from ..config import (
 from ..errors import EngineError
 from ..sampling_params import CHAT_SAMPLING
 from ..step.attention_backend import ATTENTION_BACKENDS
-from .reply_args import messages_with_system, params_from, reply_record
+from .reply_args import ReplyPrinter, assistant_message, chat_from, params_from, reply_record
 
 
 def engine_args(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
@@ -68,6 +68,9 @@ def sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=CHAT_SAMPLING.top_p)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--system", default=None, help="a system prompt")
+    parser.add_argument("--no-think", dest="think", action="store_false",
+                        help="ask a model whose chat template can be asked (enable_thinking) to answer without "
+                             "reasoning first")
 
 
 def serve_args(parser: argparse.ArgumentParser) -> None:
@@ -209,12 +212,12 @@ def config_from(args, model: str | None = None) -> EngineConfig:
 def stream_reply(engine, prompt, params):
     """Print a reply as it streams; returns the final output."""
     engine.add_request(prompt, params)
-    final = None
+    final, printer = None, ReplyPrinter()
     while engine.has_unfinished():
         for out in engine.step():
-            print(out.delta_text, end="", flush=True)
+            printer.show(out)
             final = out
-    print()
+    printer.end()
     return final
 
 
@@ -227,8 +230,7 @@ def cmd_generate(args) -> int:
         return remote_generate(args)
 
     engine = Engine(config_from(args))
-    messages = messages_with_system(args, [{"role": "user", "content": args.prompt}])
-    out = stream_reply(engine, messages, params_from(args))
+    out = stream_reply(engine, chat_from(args, [{"role": "user", "content": args.prompt}]), params_from(args))
     if args.json:
         print(json.dumps(reply_record(out)))
     else:
@@ -261,12 +263,12 @@ def cmd_chat(args) -> int:
             return 0
         history.append({"role": "user", "content": text})
         print("kvasir> ", end="", flush=True)
-        out = stream_reply(engine, messages_with_system(args, history), params_from(args))
+        out = stream_reply(engine, chat_from(args, history), params_from(args))
         if out.finish_reason == "error":
             print(f"[error: {out.error}]")
             history.pop()
             continue
-        history.append({"role": "assistant", "content": out.text})
+        history.append(assistant_message(out))
         print(out.metrics.summary())
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..remote import RemoteClient, RemoteConfig, RemoteError
-from .reply_args import messages_with_system, params_from, reply_record
+from .reply_args import ReplyPrinter, assistant_message, chat_from, params_from, reply_record
 
 API_KEY_ENV = "KVASIR_API_KEY"
 LOCAL_ONLY = {"quant": "auto", "dtype": "auto", "device": "auto", "kv_blocks": None}
@@ -41,11 +41,11 @@ async def pick_model(client: RemoteClient, wanted: str | None) -> str:
 
 async def stream_reply(client: RemoteClient, messages: list[dict], params, model: str):
     """Print a reply as it streams; returns the final output."""
-    final = None
+    final, printer = None, ReplyPrinter()
     async for out in client.stream_chat(messages, params, model):
-        print(out.delta_text, end="", flush=True)
+        printer.show(out)
         final = out
-    print()
+    printer.end()
     return final
 
 
@@ -58,8 +58,8 @@ async def _generate(args, config: RemoteConfig) -> int:
     client = RemoteClient(config)
     try:
         model = await pick_model(client, args.model)
-        messages = messages_with_system(args, [{"role": "user", "content": args.prompt}])
-        out = await stream_reply(client, messages, params_from(args), model)
+        out = await stream_reply(client, chat_from(args, [{"role": "user", "content": args.prompt}]),
+                                 params_from(args), model)
     finally:
         await client.aclose()
     if args.json:
@@ -88,12 +88,12 @@ async def _chat(args, config: RemoteConfig) -> int:
                 return 0
             history.append({"role": "user", "content": text})
             print("kvasir> ", end="", flush=True)
-            out = await stream_reply(client, messages_with_system(args, history), params_from(args), model)
+            out = await stream_reply(client, chat_from(args, history), params_from(args), model)
             if out.finish_reason == "error":
                 print(f"[error: {out.error}]")
                 history.pop()  # the turn is not kept: the next message is sent without it
                 continue
-            history.append({"role": "assistant", "content": out.text})
+            history.append(assistant_message(out))
             print(out.metrics.summary())
     finally:
         await client.aclose()

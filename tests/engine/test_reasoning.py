@@ -13,8 +13,8 @@ from tests.helpers.reasoning_models import (
     KEEPING_TEMPLATE,
     MAGISTRAL_TEMPLATE,
     THINK_TEMPLATE,
+    closing_model,
     with_template,
-    with_token_renamed,
 )
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -71,20 +71,22 @@ def test_thinking_off_closes_the_block_in_the_prompt_so_the_reply_is_all_answer(
 def test_the_end_marker_splits_the_reply_where_the_model_writes_it(think_model, tmp_path):
     plain = engine_for(think_model)
     prompt_ids = plain.encode_prompt(Chat(QUESTION))
-    [reply] = plain.generate([prompt_ids], GREEDY)
-    ids = reply.token_ids
-    place = next(k for k in range(4, len(ids) - 4) if ids[k] not in ids[:k] + prompt_ids)
-    renamed = engine_for(with_token_renamed(think_model, tmp_path / "renamed", ids[place], "</think>"))
-    outputs = streamed(renamed, prompt_ids)
+    ids = plain.generate([prompt_ids], GREEDY)[0].token_ids
+    folder, place = closing_model(think_model, tmp_path / "renamed", prompt_ids, ids)
+    renamed = engine_for(folder)
+    outputs = streamed(renamed, Chat(QUESTION))
     final = outputs[-1]
     assert final.token_ids == ids  # the same weights write the same tokens
-    text = AutoTokenizer.from_pretrained(tmp_path / "renamed").decode(ids, skip_special_tokens=True)
+    text = AutoTokenizer.from_pretrained(folder).decode(ids, skip_special_tokens=True)
     before, after = text.split("</think>")
     assert (final.reasoning, final.text) == (before.strip(), after.lstrip())
     assert joined(outputs) == (final.text, final.reasoning)
     assert final.metrics.reasoning_tokens == place + 1
     ended = next(i for i, o in enumerate(outputs) if o.delta_text)
     assert all(o.delta_reasoning == "" for o in outputs[ended:])  # the reasoning is done once the answer begins
+    raw = renamed.generate([Chat(QUESTION)], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
+                                                           split_reasoning=False))[0]
+    assert raw.text == text and raw.reasoning == ""  # a raw completion: the text as written
 
 
 def test_earlier_reasoning_reaches_the_model_only_where_its_template_renders_it(tiny_llama, tmp_path):

@@ -65,3 +65,21 @@ def with_token_renamed(model_dir: Path, folder: Path, token_id: int, text: str) 
 
 def _merge_parts(merge) -> list[str]:
     return merge.split(" ") if isinstance(merge, str) else list(merge)
+
+
+def closing_model(think_dir: Path, folder: Path, prompt_ids: list[int], reply_ids: list[int]) -> tuple[Path, int]:
+    """A copy of ``think_dir`` (a model whose template opens a reasoning block) whose tokenizer writes
+    ``</think>`` for one token of ``reply_ids`` (its greedy reply to ``prompt_ids``), so the same weights close
+    the block there; returns the copy and the token's place. The place is the first, past the fourth token, whose
+    token has not come before and whose renaming leaves the prompt's tokens as they were."""
+    from transformers import AutoTokenizer
+
+    text = AutoTokenizer.from_pretrained(think_dir).decode(prompt_ids)
+    for place in range(4, len(reply_ids) - 4):
+        if reply_ids[place] in reply_ids[:place] + prompt_ids:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        with_token_renamed(think_dir, folder, reply_ids[place], "</think>")
+        if AutoTokenizer.from_pretrained(folder).encode(text, add_special_tokens=False) == prompt_ids:
+            return folder, place
+    raise AssertionError("no token of the reply can close the block")
