@@ -117,3 +117,27 @@ def test_a_model_without_markers_answers_as_before_and_bad_options_are_refused(t
             engine.encode_prompt(Chat(QUESTION, options))
     with pytest.raises(ValueError, match="at least one message"):
         engine.encode_prompt(Chat([]))
+
+
+def test_the_next_turn_reads_the_earlier_turns_from_the_prefix_cache_though_the_template_drops_reasoning(
+        think_model, tmp_path):
+    """Each turn's prompt is the previous prompt, less the block its generation prompt opened, then the reply
+    without its reasoning and the next question: everything before the reply comes from the cache (whole blocks),
+    and only the reply's answer and the question are computed."""
+    plain = engine_for(think_model)
+    prompt_ids = plain.encode_prompt(Chat(QUESTION))
+    ids = plain.generate([prompt_ids], GREEDY)[0].token_ids
+    engine = engine_for(closing_model(think_model, tmp_path / "closing", prompt_ids, ids)[0])
+    chat, opened = list(QUESTION), len(engine.tokenizer.encode("<think>\n", add_special_tokens=False))
+    shares = []
+    for turn in range(4):
+        reply = engine.generate([Chat(chat)], GREEDY)[0]
+        previous = len(engine.encode_prompt(Chat(chat)))
+        chat += [{"role": "assistant", "content": reply.text, "reasoning_content": reply.reasoning},
+                 {"role": "user", "content": f"Tell me more, part {turn + 2}."}]
+        nxt = engine.generate([Chat(chat)], SamplingParams(max_tokens=1, temperature=0.0))[0].metrics
+        block = engine.stats().block_size
+        assert nxt.cached_prompt_tokens >= (previous - opened) // block * block
+        shares.append(nxt.cached_prompt_tokens / nxt.prompt_tokens)
+    print("share of each next prompt from the cache:", ", ".join(f"{s:.0%}" for s in shares))
+    assert shares == sorted(shares)  # the longer the conversation, the more of it is cached
