@@ -31,6 +31,8 @@ class SamplingParams:
     # split the reply's reasoning from its answer (RequestOutput.reasoning) where the model writes any; False:
     # the text as written, markers and all (a raw completion)
     split_reasoning: bool = True
+    # parse the model's tool calls out of the reply (RequestOutput.tool_calls): for a request that offered tools
+    parse_tool_calls: bool = False
 
     def __post_init__(self) -> None:
         self.max_tokens = _integer("max_tokens", self.max_tokens, low=1)
@@ -42,7 +44,7 @@ class SamplingParams:
         self.seed = None if self.seed is None else _integer("seed", self.seed, low=0, high=MAX_SEED)
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
-        for name in ("ignore_eos", "split_reasoning"):
+        for name in ("ignore_eos", "split_reasoning", "parse_tool_calls"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
 

@@ -27,6 +27,7 @@ from ..step.attention_plan import AttentionPlan
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.runner import ModelRunner
 from ..templates.reasoning import PROMPT_TAIL_TOKENS, opened_by, reasoning_support
+from ..templates.tool_calls import tool_call_format
 from . import priority
 from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
@@ -81,6 +82,7 @@ class Engine:
         self.max_model_len = self.loaded.max_model_len
         self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)
         self.reasoning = reasoning_support(self.prompts.template.source, self.tokenizer.get_vocab())
+        self.tool_format = tool_call_format(self.prompts.template.source)
         if self.reasoning.note:
             log.info("%s: %s", config.model, self.reasoning.note)
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype, self.kv_format)
@@ -173,7 +175,7 @@ class Engine:
         seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter(), source=source)
         self._sequences[request_id] = seq
         self._detokenizers[request_id] = detokenizer
-        self._channels[request_id] = self._reply_channels(token_ids, sampling.split_reasoning)
+        self._channels[request_id] = self._reply_channels(token_ids, sampling)
         problem = self._why_it_cannot_fit(seq)
         if problem:
             self._finish(seq, "error", problem)
@@ -181,14 +183,15 @@ class Engine:
             self.scheduler.add(seq)
         return request_id
 
-    def _reply_channels(self, prompt_ids: list[int], split: bool) -> ReplyChannels:
-        """A reply's channels (``split``: reasoning apart from the answer): where the prompt leaves a reasoning
-        block open, the reply starts in it."""
-        markers = self.reasoning.markers
-        if markers is None or not split:
-            return ReplyChannels(None, False)
+    def _reply_channels(self, prompt_ids: list[int], sampling: SamplingParams) -> ReplyChannels:
+        """A reply's channels, as ``sampling`` asks (reasoning apart, tool calls parsed): where the prompt leaves a
+        reasoning block open, the reply starts in it."""
+        markers = self.reasoning.markers if sampling.split_reasoning else None
+        tools = self.tool_format if sampling.parse_tool_calls else None
+        if markers is None:
+            return ReplyChannels(None, False, tools)
         tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-        return ReplyChannels(markers, opened_by(tail, markers))
+        return ReplyChannels(markers, opened_by(tail, markers), tools)
 
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; returns an output for every request that advanced or ended.
@@ -713,7 +716,7 @@ class Engine:
             detok = self._detokenizers[seq.request_id]
             text = detok.text[: detok.released]
         channels = self._channels.get(seq.request_id) or ReplyChannels(None, False)
-        delta_answer, delta_reasoning = channels.update(text, seq.finished)
+        delta_answer, delta_reasoning, delta_calls = channels.update(text, seq.finished)
         if channels.thinking:
             seq.reasoning_tokens = seq.num_output_tokens
         elif channels.reasoning and seq.reasoning_end_time is None:  # its reasoning has just ended
@@ -732,6 +735,8 @@ class Engine:
             kept_draft_spans=channels.answer_spans(spans),
             reasoning=channels.reasoning,
             delta_reasoning=delta_reasoning,
+            tool_calls=channels.tool_calls,
+            delta_tool_calls=delta_calls,
         )
 
 

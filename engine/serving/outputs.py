@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..templates.tool_calls import ToolCall
 from .metrics import RequestMetrics
 
 
@@ -26,3 +27,7 @@ class RequestOutput:
     # the answer alone; see engine.templates.reasoning)
     reasoning: str = ""
     delta_reasoning: str = ""
+    # the calls the model asked for so far, each once complete (for a request that parses tool calls; ``text`` is
+    # then what it wrote besides them) and those new in this output
+    tool_calls: tuple[ToolCall, ...] = ()
+    delta_tool_calls: tuple[ToolCall, ...] = ()

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from ..errors import PromptTooLong
 from ..templates.chat_template import ChatTemplate
 from ..templates.sandbox import TemplateSandbox, TemplateTooLong
+from ..templates.tool_calls import renders_tools
+from ..templates.tool_prompt import with_mapping_arguments, with_tool_prompt
 
-# what a template's own variables are called: an option cannot take their place
+# what a template's own variables are called: an option cannot take their place (tools come as Chat.tools)
 TEMPLATE_NAMES = frozenset({"messages", "add_generation_prompt", "continue_final_message", "tools", "documents"})
 
 
@@ -25,10 +27,13 @@ class Chat:
     """Chat messages and the variables the model's chat template is rendered with besides them, such as
     ``{"enable_thinking": False}`` for a template that can be asked not to think (what vLLM and llama-server call
     ``chat_template_kwargs``). An assistant message may carry its ``reasoning_content``: the template decides
-    whether the model sees it again."""
+    whether the model sees it again; and its ``tool_calls`` (OpenAI's shape), answered by ``tool`` messages.
+    ``tools``: the functions the model may call (OpenAI's ``tools`` list), laid out by the template where it
+    knows tools, else described in a default tool prompt (:mod:`engine.templates.tool_prompt`)."""
 
     messages: list[dict]
     options: dict = field(default_factory=dict)
+    tools: list[dict] = field(default_factory=list)
 
 
 Prompt = str | list[int] | list[dict] | Chat
@@ -50,10 +55,9 @@ class PromptEncoder:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(self._checked_text(prompt), add_special_tokens=True)
         elif isinstance(prompt, Chat):
-            text = self._render(list(prompt.messages), checked_options(prompt.options)) if prompt.messages else None
-            if text is None:
+            if not prompt.messages:
                 raise ValueError("a chat needs at least one message")
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            ids = self.tokenizer.encode(self._render_chat(prompt), add_special_tokens=False)
         elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             ids = self.tokenizer.encode(self._render(list(prompt)), add_special_tokens=False)
         elif isinstance(prompt, (list, tuple)) and all(is_token_id(t) for t in prompt):
@@ -70,7 +74,16 @@ class PromptEncoder:
             raise PromptTooLong(f"the prompt is {len(text):,} characters: {self._too_long}")
         return text
 
-    def _render(self, messages: list[dict], options: dict | None = None) -> str:
+    def _render_chat(self, chat: Chat) -> str:
+        options, messages, tools = checked_options(chat.options), list(chat.messages), None
+        uses_tools = chat.tools or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+        if uses_tools and renders_tools(self.template.source):
+            messages, tools = with_mapping_arguments(messages), list(chat.tools) or None
+        elif uses_tools:
+            messages = with_tool_prompt(messages, list(chat.tools))
+        return self._render(messages, options, tools)
+
+    def _render(self, messages: list[dict], options: dict | None = None, tools: list[dict] | None = None) -> str:
         if len(messages) > self.max_messages:
             raise PromptTooLong(f"the chat has {len(messages):,} messages, more than the model's "
                              f"{self.max_model_len:,}-token context can hold")
@@ -84,7 +97,7 @@ class PromptEncoder:
         if chars > self.max_chars:
             raise PromptTooLong(f"the messages are {chars:,} characters: {self._too_long}")
         try:
-            return self.template.render(messages, self.max_chars, options)
+            return self.template.render(messages, self.max_chars, options, tools)
         except TemplateTooLong as exc:
             raise PromptTooLong(f"the chat, once the model's template has laid it out, is {exc.chars:,} characters: "
                              f"{self._too_long}") from None

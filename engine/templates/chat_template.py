@@ -22,15 +22,16 @@ class ChatTemplate:
                           if isinstance(value, (str, list))}
         self.sandbox = sandbox or shared_sandbox()
 
-    def render(self, messages: list[dict], max_chars: int, options: dict | None = None) -> str:
+    def render(self, messages: list[dict], max_chars: int, options: dict | None = None,
+               tools: list[dict] | None = None) -> str:
         """The chat as text, ready for the model to write the next assistant message. A final assistant message
         is continued, not closed (a reply cut short is written on). ``options``: more variables for the template
-        (``enable_thinking``, say)."""
+        (``enable_thinking``, say); ``tools``: the functions it lays out."""
         continuing = messages[-1]["role"] == "assistant"
         variables = {**self.variables, **options} if options else self.variables
         return self.sandbox.render(self.source, messages, variables=variables,
                                    add_generation_prompt=not continuing, continue_final_message=continuing,
-                                   max_chars=max_chars)
+                                   max_chars=max_chars, tools=tools)
 
     def check(self, model_name: str) -> None:
         """Render the sample chats once: a template that breaks a limit on them is refused with

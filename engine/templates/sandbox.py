@@ -64,10 +64,11 @@ class TemplateSandbox:
                 self._running += 1
 
     def render(self, template: str, messages: list[dict], *, variables: dict, add_generation_prompt: bool,
-               continue_final_message: bool, max_chars: int) -> str:
+               continue_final_message: bool, max_chars: int, tools: list[dict] | None = None) -> str:
         """The template's text for ``messages``; :class:`TemplateError` if it refuses them or breaks a limit
         (``max_chars``: the most text it may write)."""
         request = {"template": template, "messages": messages, "variables": variables, "max_chars": max_chars,
+                   "tools": tools or None,
                    "add_generation_prompt": add_generation_prompt,
                    "continue_final_message": continue_final_message, "cpu_s": self.timeout_s + 1}
         worker = self._acquire()

@@ -15,10 +15,10 @@ def stream(text, markers, opened, cuts):
     channels = ReplyChannels(markers, opened)
     answer, reasoning = "", ""
     for end in sorted(set(cuts)):
-        new_answer, new_reasoning = channels.update(text[:end], final=False)
+        new_answer, new_reasoning, _ = channels.update(text[:end], final=False)
         answer, reasoning = answer + new_answer, reasoning + new_reasoning
         assert channels.answer == answer and channels.reasoning == reasoning
-    new_answer, new_reasoning = channels.update(text, final=True)
+    new_answer, new_reasoning, _ = channels.update(text, final=True)
     return answer + new_answer, reasoning + new_reasoning, channels
 
 
