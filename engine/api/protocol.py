@@ -5,14 +5,16 @@ server treats them for a model that has no use for them."""
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 
 from ..sampling_params import MAX_SEED, SamplingParams
 from ..serving.prompt_encoder import Chat, checked_options
 from .errors import bad_field, shown
+from .tool_fields import ToolChoice, assistant_calls, tool_choice_of, tool_message, tools_of
 
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
 MAX_CHOICES = 16  # n: replies to one prompt, each its own request in the same batch
 
@@ -35,10 +37,9 @@ NOTHING_ASKED = {
     "logit_bias": (lambda v: v == {}, "logit_bias is not supported"),
     "logprobs": (lambda v: v is False, "logprobs are not supported"),
     "top_logprobs": (lambda v: v == 0, "top_logprobs is not supported"),
-    "tools": (lambda v: v == [], "tool calling is not supported"),
-    "functions": (lambda v: v == [], "function calling is not supported"),
-    "tool_choice": (lambda v: v in ("none", "auto"), "tool calling is not supported"),
-    "function_call": (lambda v: v in ("none", "auto"), "function calling is not supported"),
+    "functions": (lambda v: v == [], "the deprecated functions field is not supported; use tools"),
+    "function_call": (lambda v: v in ("none", "auto"), "the deprecated function_call is not supported; use "
+                                                       "tool_choice"),
     "response_format": (lambda v: v == {"type": "text"}, "only the text response format is supported"),
     "modalities": (lambda v: v == ["text"], "only text output is supported"),
     "audio": (lambda v: False, "audio output is not supported"),
@@ -71,6 +72,7 @@ class ApiRequest:
     stream: bool
     include_usage: bool
     n: int = 1
+    tool_choice: ToolChoice = ToolChoice()
 
     def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
         """The sampling of reply ``choice``: with a seed, each reply has its own (seed + choice), so the ``n``
@@ -78,15 +80,23 @@ class ApiRequest:
         seed = self.sampling.get("seed")
         values = self.sampling if seed is None else {**self.sampling, "seed": (seed + choice) % (MAX_SEED + 1)}
         # a chat's reasoning comes apart from its answer (reasoning_content); a completion is the text as written
-        return SamplingParams(max_tokens=max_tokens, split_reasoning=self.kind == "chat", **values)
+        return SamplingParams(max_tokens=max_tokens, split_reasoning=self.kind == "chat",
+                              parse_tool_calls=self.tool_choice.offered, **values)
 
 
 def parse_chat(body: dict) -> ApiRequest:
     """A ``/v1/chat/completions`` body; raises :class:`ApiError` (400) naming the field at fault."""
     present = _present(body, CHAT_FIELDS)
-    chat = Chat(chat_messages(_required(body, "messages")), _template_options(present))
+    tools = tools_of(present)
+    choice = tool_choice_of(present, tools)
+    if choice.forced:
+        raise bad_field("tool_choice", f"tool_choice {choice.name or choice.mode!r} needs constrained decoding, "
+                                       "which this server does not have yet; use 'auto'",
+                        code="unsupported_parameter")
+    chat = Chat(chat_messages(_required(body, "messages")), _template_options(present),
+                tools if choice.offered else [])
     field = "max_completion_tokens" if "max_completion_tokens" in present else "max_tokens"
-    return _request("chat", body, present, chat, "messages", field)
+    return dataclasses.replace(_request("chat", body, present, chat, "messages", field), tool_choice=choice)
 
 
 def _template_options(present: dict) -> dict:
@@ -218,11 +228,16 @@ def _message(index: int, message) -> dict:
     if not isinstance(message, dict):
         raise bad_field(where, f"{where} must be an object with a role and a content, not {shown(message)}")
     role = message.get("role")
-    if role in ("tool", "function"):
-        raise bad_field(f"{where}.role", f"{role} messages are not supported: this server has no tool calling")
     if role not in CHAT_ROLES:
         raise bad_field(f"{where}.role", f"{where}.role must be one of {', '.join(CHAT_ROLES)}, not {shown(role)}")
-    checked = {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{where}.content")}
+    calls = message.get("tool_calls") if role == "assistant" else None
+    content = message.get("content")
+    text = "" if content is None and calls is not None else _content(content, f"{where}.content")
+    if role == "tool":
+        return tool_message(index, message, text)
+    checked = {"role": CHAT_ROLES[role], "content": text}
+    if calls is not None:
+        checked["tool_calls"] = assistant_calls(index, calls)
     reasoning = message.get("reasoning_content")
     if reasoning is not None and role == "assistant":  # an earlier reply's reasoning: the template decides
         if not isinstance(reasoning, str):

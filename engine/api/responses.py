@@ -35,25 +35,29 @@ class Reply:
         """The whole response to a request that was not streamed: one choice per reply."""
         choices = []
         for index, out in enumerate(finals):
-            reason = FINISH_REASONS[out.finish_reason]
+            reason = finish_reason(out)
             if self.kind == "chat":
-                message = {"role": "assistant", "content": out.text}
+                message = {"role": "assistant", "content": out.text or (None if out.tool_calls else "")}
                 if out.reasoning:
                     message["reasoning_content"] = out.reasoning  # vLLM's and llama-server's name
+                if out.tool_calls:
+                    message["tool_calls"] = [call.as_openai() for call in out.tool_calls]
                 choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": reason})
             else:
                 choices.append({"index": index, "text": out.text, "logprobs": None, "finish_reason": reason})
         return {**self._head(self.object), "choices": choices, "usage": usage(finals)}
 
     def chunk(self, index: int, text: str, finish_reason: str | None = None, first: bool = False,
-              with_usage: bool = False, reasoning: str = "") -> dict:
-        """One stream chunk of reply ``index``: new text (or new reasoning, a chat's ``reasoning_content``), and
-        the finish reason on its last one."""
-        reason = FINISH_REASONS[finish_reason] if finish_reason else None
+              with_usage: bool = False, reasoning: str = "", calls: list[dict] | None = None) -> dict:
+        """One stream chunk of reply ``index``: new text (or new reasoning, a chat's ``reasoning_content``, or new
+        tool calls), and the finish reason (OpenAI's) on its last one."""
+        reason = finish_reason
         if self.kind == "chat":
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
             if reasoning:
                 delta = {"reasoning_content": reasoning}
+            if calls:
+                delta = {"tool_calls": calls}
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
@@ -67,6 +71,11 @@ class Reply:
         """The last chunk when ``stream_options.include_usage`` is set: no choices, the usage."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": [], "usage": usage(finals)}
+
+
+def finish_reason(out: RequestOutput) -> str:
+    """OpenAI's finish reason of a finished reply: "tool_calls" where it asked for any."""
+    return "tool_calls" if out.tool_calls else FINISH_REASONS[out.finish_reason]
 
 
 def usage(finals: list[RequestOutput]) -> dict:

@@ -34,7 +34,7 @@ from .errors import ApiError, bad_field, encode, json_response, shown
 from .metrics import prometheus_text
 from .model_loader import NoRoom, NotLoadable, OnDemandModels
 from .protocol import ApiRequest, parse_chat, parse_completion
-from .responses import FINISH_REASONS, Reply, model_card
+from .responses import FINISH_REASONS, Reply, finish_reason, model_card
 from .security import AccessGuard
 
 MAX_BODY_BYTES = 8 * 1024**2  # far more than any context holds; tokenising it must not stall the engine
@@ -309,9 +309,13 @@ async def events(reply: Reply, firsts: list[RequestOutput], streams: list[Reques
                     yield sse(reply.chunk(index, "", reasoning=out.delta_reasoning, with_usage=include_usage))
                 if out.delta_text:
                     yield sse(reply.chunk(index, out.delta_text, with_usage=include_usage))
+                if out.delta_tool_calls:
+                    first = len(out.tool_calls) - len(out.delta_tool_calls)
+                    calls = [c.as_openai(first + i) for i, c in enumerate(out.delta_tool_calls)]
+                    yield sse(reply.chunk(index, "", calls=calls, with_usage=include_usage))
                 if out.finished:
                     finals[index] = out
-                    yield sse(reply.chunk(index, "", out.finish_reason, with_usage=include_usage))
+                    yield sse(reply.chunk(index, "", finish_reason(out), with_usage=include_usage))
             else:
                 if include_usage:
                     yield sse(reply.usage_chunk(finals))
