@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import SamplingParams
+from engine import Chat, SamplingParams
 from engine.routing.router import AUTO, Request, Router
 
 from ..data.remote_store import SETTING, RemoteChoice, choice_of
@@ -107,8 +107,9 @@ class LocalSource:
         others = [i for i in self.bridge.resident if i != model]
         return {"model": model, "reason": reason, "by": by, "others": others}
 
-    def stream(self, messages: list[dict], sampling: SamplingParams, placement: Placement):
-        return self.bridge.stream(messages, sampling, placement.model)
+    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement):
+        """The reply to ``prompt``, its template options and earlier reasoning given to the model's template."""
+        return self.bridge.stream(prompt, sampling, placement.model)
 
 
 class RemoteSource:
@@ -127,8 +128,15 @@ class RemoteSource:
     def place(self, messages: list[dict], chosen: str | None = None) -> Placement:
         return Placement(None, self.engines.label(self.remote), None)
 
-    def stream(self, messages: list[dict], sampling: SamplingParams, placement: Placement):
-        return self.engines.stream(self.remote, messages, sampling)
+    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement):
+        """The reply to ``prompt``'s messages as OpenAI's format has them: without the replies' reasoning, which
+        the format has no field for in a request (DeepSeek's API refuses a request that carries
+        ``reasoning_content``), and without template options, which the server's template may not take."""
+        return self.engines.stream(self.remote, [_as_sent_to_server(m) for m in prompt.messages], sampling)
+
+
+def _as_sent_to_server(message: dict) -> dict:
+    return {key: value for key, value in message.items() if key != "reasoning_content"}
 
 
 class ReplySources:
