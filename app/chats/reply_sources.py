@@ -86,6 +86,14 @@ class LocalSource:
             return self.bridge.resident_id(self.wanted)
         return self.bridge.focused
 
+    def offers_thinking_switch(self) -> bool:
+        """Whether the model this chat's replies go to can be asked not to think (its template's switch)."""
+        model = self.model()
+        if model is None and isinstance(self.wanted, LocalModel):  # its own model is not loaded
+            return False
+        stats = self.bridge.stats(model)
+        return bool(stats is not None and stats.thinking_switch)
+
     def place(self, messages: list[dict], chosen: str | None = None) -> Placement:
         """Where the reply to ``messages`` goes: ``chosen`` (a resident id the user picked for it), the router's
         choice for a routed chat, else the chat's model."""
@@ -124,6 +132,9 @@ class RemoteSource:
 
     def not_ready_message(self) -> str:
         return ""
+
+    def offers_thinking_switch(self) -> bool:
+        return False  # the request format has no place for the template's options
 
     def place(self, messages: list[dict], chosen: str | None = None) -> Placement:
         return Placement(None, self.engines.label(self.remote), None)
