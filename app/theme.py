@@ -14,6 +14,7 @@ WARNING = "#b06000"  # a context filling up; older messages not shown
 CAUTION = "#b7791f"  # advice the user may ignore (an API key over plain http)
 SUCCESS = "#2e8b57"
 MUTED = "#888888"  # secondary text: a reply's numbers, hints, a code block's language
+QUIET_RULE = "rgba(136, 136, 136, 120)"  # the line beside quieter text (a reply's reasoning), on light and dark
 SPEAKER = {"user": "#4a7bd0", "assistant": "#3a9a6a"}  # the name over a message
 LINK = ("#1a5fb4", "#8ab4f8")
 CODE_BACKGROUND = ("#f4f4f4", "#272822")

@@ -8,16 +8,38 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
-from engine import SamplingParams
+from engine import Chat, SamplingParams
 
 from ..data.drafted_spans import KEPT_DRAFT_SPANS
+from ..data.reasoning import SECONDS, TOKENS, Reasoning
 from ..data.settings import DEFAULTS
 from ..data.store import Message, Status, StoreWriteError
+from ..data.thinking import template_options
 from .conversations import Conversations
 from .reply_sources import Placement, ReplySources
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
 STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
+
+
+@dataclasses.dataclass(slots=True)
+class ReplySoFar:
+    """A reply being written: its answer and reasoning so far (a continued reply's earlier part included), the
+    request's last output, and the earlier part's statistics."""
+
+    text: str
+    reasoning: str
+    last: object = None  # RequestOutput
+    earlier: dict | None = None
+
+    def take(self, out, before: Message | None) -> None:
+        """``out`` arrived: the whole text and reasoning so far, after the part written before (if any)."""
+        self.text = (before.text if before else "") + out.text
+        self.reasoning = (before.reasoning if before else "") + out.reasoning
+        self.last = out
+
+    def stats(self) -> dict:
+        return _metrics(self.last, self.earlier, _offset(self.text, self.last))
 
 
 class ChatController(QObject):
@@ -35,7 +57,7 @@ class ChatController(QObject):
         self.conversations, self.sources = conversations, sources
         self.tasks: dict[int, asyncio.Task] = {}
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
-        self._unfinished: dict[int, tuple[str, object, dict | None]] = {}  # reply id -> (text, last output, stats)
+        self._unfinished: dict[int, ReplySoFar] = {}  # reply id -> what has arrived of it
 
     def is_generating(self, conversation_id: int) -> bool:
         return conversation_id in self.tasks
@@ -74,33 +96,52 @@ class ChatController(QObject):
     def keep_unfinished_now(self) -> None:
         """The app is closing and its loop will not run the replies' own endings: store every reply being written
         as stopped, with its text so far, now."""
-        for reply_id, (text, last, earlier) in list(self._unfinished.items()):
-            self.conversations.finish_message(reply_id, text=text, status=Status.STOPPED, error=None,
-                                              stats=_metrics(last, earlier, _offset(text, last)))
+        for reply_id, reply in list(self._unfinished.items()):
+            self.conversations.finish_message(reply_id, text=reply.text, reasoning=reply.reasoning,
+                                              status=Status.STOPPED, error=None, stats=reply.stats())
         self._unfinished.clear()
 
     def live_kept_drafts(self, reply_id: int) -> list[list[int]]:
         """The kept drafts' character ranges of a reply being written (empty for any other)."""
-        text, last, earlier = self._unfinished.get(reply_id, ("", None, None))
-        return [] if last is None else kept_draft_spans(last, earlier, _offset(text, last))
+        reply = self._unfinished.get(reply_id)
+        if reply is None or reply.last is None:
+            return []
+        return kept_draft_spans(reply.last, reply.earlier, _offset(reply.text, reply.last))
+
+    def live_reasoning(self, reply_id: int) -> Reasoning:
+        """The reasoning so far of a reply being written (empty for any other)."""
+        reply = self._unfinished.get(reply_id)
+        if reply is None:
+            return Reasoning()
+        stats = reply.stats()
+        thinking = reply.last is not None and not reply.last.text and bool(reply.last.reasoning)
+        return Reasoning(reply.reasoning, stats.get(TOKENS) or 0, stats.get(SECONDS), thinking)
 
     def messages_for_model(self, conversation_id: int, next_user_text: str | None = None,
                            skipped: int | None = None) -> list[dict]:
         """The chat messages the model sees: the system prompt and the thread on screen, less any turns the
         user chose to drop when the context filled up (or the first ``skipped``); ``next_user_text`` is a
-        message about to be sent."""
+        message about to be sent. A reply's reasoning goes with it as ``reasoning_content``: the model's chat
+        template decides whether the model reads it again."""
         conv = self.conversations.get(conversation_id)
         skipped = conv.settings.get("skip_messages", 0) if skipped is None else skipped
         thread = self.conversations.thread(conversation_id)[skipped:]
         if next_user_text is not None:
             thread = [*thread, Message(0, conversation_id, None, "user", next_user_text, 0.0)]
         system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        return system + [{"role": m.role, "content": m.text} for m in thread if m.text or m.role == "user"]
+        return system + [_for_model(m) for m in thread if m.text or m.reasoning or m.role == "user"]
+
+    def prompt_for_model(self, conversation_id: int, next_user_text: str | None = None,
+                         skipped: int | None = None) -> Chat:
+        """What is sent for the next reply: :meth:`messages_for_model` with the chat's template options (its
+        "Think before answering" switch)."""
+        options = template_options(self.conversations.get(conversation_id).settings)
+        return Chat(self.messages_for_model(conversation_id, next_user_text, skipped), options)
 
     def context_needed(self, conversation_id: int, next_user_text: str, count_tokens,
                        skipped: int | None = None) -> int:
         """Tokens the next request needs: its prompt plus the reply's max_tokens."""
-        prompt = count_tokens(self.messages_for_model(conversation_id, next_user_text, skipped))
+        prompt = count_tokens(self.prompt_for_model(conversation_id, next_user_text, skipped))
         return prompt + self.sampling_for(conversation_id).max_tokens
 
     def drop_oldest_turns(self, conversation_id: int, next_user_text: str, count_tokens, limit: int) -> bool:
@@ -139,10 +180,10 @@ class ChatController(QObject):
 
     async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
                         chosen: str | None = None) -> Message | None:
-        messages = self.messages_for_model(conversation_id)  # a continued reply is its last message
+        prompt = self.prompt_for_model(conversation_id)  # a continued reply is its last message
         source = self.sources.of(conversation_id)
         earlier_route = continuing.stats.get("route") if continuing is not None else None
-        placement, refused = _place(source, messages, chosen, earlier_route)
+        placement, refused = _place(source, prompt.messages, chosen, earlier_route)
         if continuing is None:
             try:
                 reply = self.conversations.add_message(conversation_id, "assistant", "", parent_id=parent_id,
@@ -153,26 +194,25 @@ class ChatController(QObject):
                 return None
         else:
             reply = continuing
-        before, earlier = reply.text, continuing.stats if continuing else None
-        self._unfinished[reply.id] = (before, None, earlier)
+        so_far = self._unfinished[reply.id] = ReplySoFar(reply.text, reply.reasoning, None,
+                                                          continuing.stats if continuing else None)
         self.reply_started.emit(conversation_id, reply.id)
-        text, last, status, error, saved = before, None, Status.STOPPED, None, time.monotonic()
+        status, error, saved = Status.STOPPED, None, time.monotonic()
         try:
             if refused is not None:
                 raise refused
             sampling = self.sampling_for(conversation_id)
-            stream = source.stream(messages, sampling, placement)
+            stream = source.stream(prompt, sampling, placement)
             self.request_owners[stream.request_id] = conversation_id
             async for out in stream:
-                if last is None and out.metrics.ttft_s is not None:
+                if so_far.last is None and out.metrics.ttft_s is not None:
                     self.first_token.emit(conversation_id, out.metrics.ttft_s)
-                text, last = before + out.text, out
-                self._unfinished[reply.id] = (text, last, earlier)
-                self.reply_delta.emit(conversation_id, reply.id, text)
+                so_far.take(out, continuing)
+                self.reply_delta.emit(conversation_id, reply.id, so_far.text)
                 if time.monotonic() - saved > SAVE_INTERVAL_S:
-                    self.conversations.save_partial(reply.id, text)
+                    self.conversations.save_partial(reply.id, so_far.text, so_far.reasoning)
                     saved = time.monotonic()
-            status, error = STATUS_OF[last.finish_reason], last.error
+            status, error = STATUS_OF[so_far.last.finish_reason], so_far.last.error
         except asyncio.CancelledError:
             status = Status.STOPPED
         except StoreWriteError as exc:  # a save on the way failed: the request is stopped, the text stays on screen
@@ -182,11 +222,11 @@ class ChatController(QObject):
         finally:
             self._unfinished.pop(reply.id, None)
             self.request_owners = {r: c for r, c in self.request_owners.items() if c != conversation_id}
-            metrics = _metrics(last, earlier, _offset(text, last))
+            metrics = so_far.stats()
             if placement.route is not None:
                 metrics["route"] = placement.route
-            stored = self.conversations.finish_message(reply.id, text=text, status=status, error=error,
-                                                       stats=metrics)
+            stored = self.conversations.finish_message(reply.id, text=so_far.text, reasoning=so_far.reasoning,
+                                                       status=status, error=error, stats=metrics)
             self.reply_finished.emit(conversation_id, stored)
         return stored
 
@@ -209,11 +249,25 @@ def _metrics(out, earlier: dict | None = None, offset: int = 0) -> dict:
     if out is None:
         return dict(earlier or {})
     earlier = earlier or {}
-    counts = {key: earlier.get(key, 0) + getattr(out.metrics, key)
-              for key in ("output_tokens", "draft_tokens", "accepted_draft_tokens")}
+    counts = {key: (earlier.get(key) or 0) + getattr(out.metrics, key)
+              for key in ("output_tokens", "draft_tokens", "accepted_draft_tokens", TOKENS)}
     spans = kept_draft_spans(out, earlier, offset)
-    return {**out.metrics.to_dict(), **counts, "finish_reason": out.finish_reason,
-            **({KEPT_DRAFT_SPANS: spans} if spans else {})}
+    return {**out.metrics.to_dict(), **counts, SECONDS: _seconds_thought(out, earlier),
+            "finish_reason": out.finish_reason, **({KEPT_DRAFT_SPANS: spans} if spans else {})}
+
+
+def _seconds_thought(out, earlier: dict) -> float | None:
+    """Seconds a reply spent reasoning: the earlier part's and this request's, where either reasoned."""
+    parts = [s for s in (earlier.get(SECONDS), out.metrics.reasoning_s) if isinstance(s, int | float)]
+    return sum(parts) if parts else None
+
+
+def _for_model(message: Message) -> dict:
+    """A stored message as the model's chat template reads it."""
+    sent = {"role": message.role, "content": message.text}
+    if message.role == "assistant" and message.reasoning:
+        sent["reasoning_content"] = message.reasoning
+    return sent
 
 
 def _offset(text: str, last) -> int:

@@ -53,9 +53,9 @@ class ContextMeter(QObject):
 
     async def _count(self, conversation_id: int) -> None:
         stats = self.session.bridge.stats()
-        messages = self.session.controller.messages_for_model(conversation_id)
+        prompt = self.session.controller.prompt_for_model(conversation_id)  # what the next reply sends
         try:
-            used = await self.session.tokens.count_later(messages)
+            used = await self.session.tokens.count_later(prompt)
         except Exception:  # no tokenizer (the engine went away meanwhile): the meter keeps its last value
             return
         if conversation_id == self.session.actions.current and stats is not None:

@@ -143,9 +143,10 @@ class Conversations(QObject):
         self.list_changed.emit()  # the chat moves to the top
         return message
 
-    def save_partial(self, message_id: int, text: str) -> None:
-        """Keep a streaming reply's text so far (a crash loses at most a second of it); no signal."""
-        message = self.store.update_message(message_id, text=text)
+    def save_partial(self, message_id: int, text: str, reasoning: str = "") -> None:
+        """Keep a streaming reply's text and reasoning so far (a crash loses at most a second of them); no
+        signal."""
+        message = self.store.update_message(message_id, text=text, reasoning=reasoning)
         cached = self._threads.get(message.conversation_id)
         if cached is not None:
             self._threads[message.conversation_id] = [message if m.id == message_id else m for m in cached]

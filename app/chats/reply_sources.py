@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import SamplingParams
+from engine import Chat, SamplingParams
 from engine.routing.router import AUTO, Request, Router
 
 from ..data.remote_store import SETTING, RemoteChoice, choice_of
@@ -86,6 +86,14 @@ class LocalSource:
             return self.bridge.resident_id(self.wanted)
         return self.bridge.focused
 
+    def offers_thinking_switch(self) -> bool:
+        """Whether the model this chat's replies go to can be asked not to think (its template's switch)."""
+        model = self.model()
+        if model is None and isinstance(self.wanted, LocalModel):  # its own model is not loaded
+            return False
+        stats = self.bridge.stats(model)
+        return bool(stats is not None and stats.thinking_switch)
+
     def place(self, messages: list[dict], chosen: str | None = None) -> Placement:
         """Where the reply to ``messages`` goes: ``chosen`` (a resident id the user picked for it), the router's
         choice for a routed chat, else the chat's model."""
@@ -107,8 +115,9 @@ class LocalSource:
         others = [i for i in self.bridge.resident if i != model]
         return {"model": model, "reason": reason, "by": by, "others": others}
 
-    def stream(self, messages: list[dict], sampling: SamplingParams, placement: Placement):
-        return self.bridge.stream(messages, sampling, placement.model)
+    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement):
+        """The reply to ``prompt``, its template options and earlier reasoning given to the model's template."""
+        return self.bridge.stream(prompt, sampling, placement.model)
 
 
 class RemoteSource:
@@ -124,11 +133,21 @@ class RemoteSource:
     def not_ready_message(self) -> str:
         return ""
 
+    def offers_thinking_switch(self) -> bool:
+        return False  # the request format has no place for the template's options
+
     def place(self, messages: list[dict], chosen: str | None = None) -> Placement:
         return Placement(None, self.engines.label(self.remote), None)
 
-    def stream(self, messages: list[dict], sampling: SamplingParams, placement: Placement):
-        return self.engines.stream(self.remote, messages, sampling)
+    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement):
+        """The reply to ``prompt``'s messages as OpenAI's format has them: without the replies' reasoning, which
+        the format has no field for in a request (DeepSeek's API refuses a request that carries
+        ``reasoning_content``), and without template options, which the server's template may not take."""
+        return self.engines.stream(self.remote, [_as_sent_to_server(m) for m in prompt.messages], sampling)
+
+
+def _as_sent_to_server(message: dict) -> dict:
+    return {key: value for key, value in message.items() if key != "reasoning_content"}
 
 
 class ReplySources:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import time
 
 from .drafted_spans import KEPT_DRAFT_SPANS, valid_spans
+from .reasoning import stored_reasoning
 from .remote_store import SETTING as REMOTE_SETTING
 from .remote_store import RemoteChoice
 from .settings import SAMPLING_KEYS, sampling_problems
-from .store import Status, Store
+from .store import Message, Status, Store
+from .thinking import THINK
 
 FORMAT = "kvasir-conversation"
 FORMAT_VERSION = 1
@@ -23,7 +26,7 @@ MESSAGE_KEYS = {  # key: (types allowed, required)
     "id": ((int,), True), "parent": ((int, type(None)), True), "role": ((str,), True), "text": ((str,), True),
     "created": ((int, float), True), "model": ((str, type(None)), False),
     "quantization": ((str, type(None)), False), "stats": ((dict, type(None)), False),
-    "status": ((str,), False), "error": ((str, type(None)), False),
+    "status": ((str,), False), "error": ((str, type(None)), False), "reasoning": ((str,), False),
 }
 CONVERSATION_KEYS = {
     "title": ((str, type(None)), False), "system_prompt": ((str,), False), "preset": ((str, type(None)), False),
@@ -43,10 +46,19 @@ def to_markdown(store: Store, conversation_id: int) -> str:
         lines += ["> **System:** " + conv.system_prompt.replace("\n", "\n> "), ""]
     for message in store.thread(conversation_id):
         who = "You" if message.role == "user" else f"Kvasir ({message.model or 'unknown model'})"
-        lines += [f"## {who}", "", message.text, ""]
+        lines += [f"## {who}", "", *_reasoning_markdown(message), message.text, ""]
         if message.status != Status.COMPLETE:
             lines += [f"*({message.status})*", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _reasoning_markdown(message: Message) -> list[str]:
+    """A reply's reasoning as a closed ``<details>`` block (its summary line, then the text), or nothing."""
+    if not message.reasoning:
+        return []
+    summary = html.escape(stored_reasoning(message).summary())
+    text = message.reasoning.replace("</details>", "&lt;/details>")  # the block ends where Kvasir ends it
+    return ["<details>", f"<summary>{summary}</summary>", "", text, "", "</details>", ""]
 
 
 def to_json(store: Store, conversation_id: int) -> str:
@@ -61,7 +73,7 @@ def to_json(store: Store, conversation_id: int) -> str:
                          "settings": conv.settings, "head": conv.head_id},
         "messages": [{"id": m.id, "parent": m.parent_id, "role": m.role, "text": m.text, "created": m.created,
                       "model": m.model, "quantization": m.quantization, "stats": m.stats, "status": m.status,
-                      "error": m.error} for m in messages],
+                      "error": m.error, **({"reasoning": m.reasoning} if m.reasoning else {})} for m in messages],
     }, indent=2, ensure_ascii=False)
 
 
@@ -80,7 +92,8 @@ def from_json(store: Store, text: str) -> int:
             parent = new_ids[m["parent"]] if m["parent"] is not None else None
             stored = store.add_message(conv.id, m["role"], m["text"], parent_id=parent, model=m.get("model"),
                                        quantization=m.get("quantization"), stats=m.get("stats") or {},
-                                       status=m.get("status", Status.COMPLETE), error=m.get("error"))
+                                       status=m.get("status", Status.COMPLETE), error=m.get("error"),
+                                       reasoning=m.get("reasoning", ""))
             new_ids[m["id"]] = stored.id
         head = new_ids.get(meta.get("head"))
         if head is not None:
@@ -137,9 +150,11 @@ def _names(types: tuple) -> str:
 def _check_conversation(meta) -> None:
     _check_fields("'conversation'", meta, CONVERSATION_KEYS)
     settings = meta.get("settings") or {}
-    unknown = set(settings) - set(SAMPLING_KEYS) - {"skip_messages", REMOTE_SETTING}
+    unknown = set(settings) - set(SAMPLING_KEYS) - {"skip_messages", REMOTE_SETTING, THINK}
     if unknown:
         raise ConversationImportError(f"unknown chat settings: {', '.join(sorted(unknown))}")
+    if not isinstance(settings.get(THINK, True), bool):
+        raise ConversationImportError(f"the setting {THINK}={settings[THINK]!r} is not true or false")
     if REMOTE_SETTING in settings and RemoteChoice.from_setting(settings[REMOTE_SETTING]) is None:
         raise ConversationImportError("the setting 'remote' must name a server and a model")
     skip = settings.get("skip_messages", 0)

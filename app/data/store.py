@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE conversations (
@@ -56,6 +56,9 @@ MIGRATIONS: dict[int, str] = {
         updated REAL NOT NULL
     );
     """,
+    3: """
+    ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
+    """,
 }
 
 
@@ -69,7 +72,7 @@ class Status(StrEnum):
 
 
 CONVERSATION_FIELDS = {"title", "pinned", "system_prompt", "preset", "settings", "head_id", "updated"}
-MESSAGE_FIELDS = {"text", "stats", "status", "error", "model", "quantization"}
+MESSAGE_FIELDS = {"text", "reasoning", "stats", "status", "error", "model", "quantization"}
 
 
 @dataclass(slots=True)
@@ -85,6 +88,7 @@ class Message:
     stats: dict = field(default_factory=dict)
     status: str = Status.COMPLETE
     error: str | None = None
+    reasoning: str = ""  # what a thinking model wrote before its answer (``text`` is the answer alone)
 
 
 @dataclass(slots=True)
@@ -193,9 +197,10 @@ class Store:
         with self.transaction():
             cursor = self._db.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, text, created, model, quantization, stats,"
-                " status, error) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " status, error, reasoning) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (conversation_id, parent_id, role, text, now, extra.get("model"), extra.get("quantization"),
-                 json.dumps(extra.get("stats", {})), extra.get("status", Status.COMPLETE), extra.get("error")),
+                 json.dumps(extra.get("stats", {})), extra.get("status", Status.COMPLETE), extra.get("error"),
+                 extra.get("reasoning", "")),
             )
             self._db.execute("UPDATE conversations SET head_id = ?, updated = ? WHERE id = ?",
                              (cursor.lastrowid, now, conversation_id))
@@ -389,4 +394,5 @@ def _conversation(row: sqlite3.Row) -> Conversation:
 
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["conversation_id"], row["parent_id"], row["role"], row["text"], row["created"],
-                   row["model"], row["quantization"], json.loads(row["stats"]), row["status"], row["error"])
+                   row["model"], row["quantization"], json.loads(row["stats"]), row["status"], row["error"],
+                   row["reasoning"])

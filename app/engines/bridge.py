@@ -15,7 +15,7 @@ from typing import Protocol
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
-from engine import AsyncEngine, EngineConfig, EngineStats, RequestOutput, SamplingParams, check_kv_formats
+from engine import AsyncEngine, Chat, EngineConfig, EngineStats, RequestOutput, SamplingParams, check_kv_formats
 from engine.serving.resident import room_for
 
 STATS_INTERVAL_MS = 250
@@ -77,9 +77,10 @@ class ChatEngine(Protocol):
 
     def shutdown(self) -> None: ...
 
-    def stream(self, messages: list[dict], sampling: SamplingParams, model: str | None = None) -> ReplyStream: ...
+    def stream(self, messages: list[dict] | Chat, sampling: SamplingParams,
+               model: str | None = None) -> ReplyStream: ...
 
-    def count_tokens(self, messages: list[dict], model: str | None = None) -> int: ...
+    def count_tokens(self, messages: list[dict] | Chat, model: str | None = None) -> int: ...
 
     def stats(self, model: str | None = None) -> EngineStats | None: ...
 
@@ -325,12 +326,13 @@ class EngineBridge(QObject):
         self._timer.stop()
         self.engine_failed.emit(reason)
 
-    def stream(self, messages: list[dict], sampling: SamplingParams, model: str | None = None) -> ReplyStream:
+    def stream(self, messages: list[dict] | Chat, sampling: SamplingParams,
+               model: str | None = None) -> ReplyStream:
         """Stream a reply to chat ``messages`` on the resident model ``model`` (None: the one on screen); leaving
         the loop stops it."""
         return self.engine.stream(messages, sampling, model=model or self.focused)
 
-    def count_tokens(self, messages: list[dict], model: str | None = None) -> int:
+    def count_tokens(self, messages: list[dict] | Chat, model: str | None = None) -> int:
         """Prompt tokens of ``messages`` with the chat template of ``model`` (None: the one on screen), as the
         engine will count them (any thread). ``PromptTooLong`` when they hold more than the context can;
         ``ValueError`` when the template refuses them."""

@@ -12,24 +12,27 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable
 
+from engine import Chat
+
 CACHE_SIZE = 64
+Messages = list[dict] | Chat  # a Chat: the messages with the template options they are sent with
 
 
 class TokenCounter:
     """``count(messages)`` now, or ``await count_later(messages)`` from a worker thread; both cached."""
 
-    def __init__(self, count: Callable[[list[dict]], int]) -> None:
+    def __init__(self, count: Callable[[Messages], int]) -> None:
         self._count = count
         self._cache: OrderedDict[str, int] = OrderedDict()
 
-    def count(self, messages: list[dict]) -> int:
+    def count(self, messages: Messages) -> int:
         key = _key(messages)
         if key not in self._cache:
             self._remember(key, self._count(messages))
         self._cache.move_to_end(key)
         return self._cache[key]
 
-    async def count_later(self, messages: list[dict]) -> int:
+    async def count_later(self, messages: Messages) -> int:
         key = _key(messages)
         if key not in self._cache:
             self._remember(key, await asyncio.to_thread(self._count, messages))
@@ -45,5 +48,8 @@ class TokenCounter:
             self._cache.popitem(last=False)
 
 
-def _key(messages: list[dict]) -> str:
+def _key(messages: Messages) -> str:
+    """The cache key: the same messages with other template options are another prompt."""
+    if isinstance(messages, Chat):
+        return json.dumps([messages.messages, messages.options], ensure_ascii=False)
     return json.dumps(messages, ensure_ascii=False)

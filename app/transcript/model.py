@@ -13,6 +13,7 @@ from PySide6.QtCore import QAbstractListModel, QModelIndex, QObject, Qt
 
 from ..chats.session import ChatSession
 from ..data.drafted_spans import KEPT_DRAFT_SPANS, valid_spans
+from ..data.reasoning import Reasoning, stored_reasoning
 from ..data.store import Message
 
 MESSAGE_ROLE = Qt.UserRole + 1  # the stored Message
@@ -69,6 +70,12 @@ class Transcript(QAbstractListModel):
         if message.id in self.live:
             return [tuple(span) for span in self.session.controller.live_kept_drafts(message.id)]
         return valid_spans(message.stats.get(KEPT_DRAFT_SPANS))
+
+    def reasoning(self, message: Message) -> Reasoning:
+        """A reply's reasoning: so far while it streams, else as stored with it."""
+        if message.id in self.live:
+            return self.session.controller.live_reasoning(message.id)
+        return stored_reasoning(message)
 
     # -- following the chats ------------------------------------------------------------------------
 

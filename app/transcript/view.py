@@ -33,11 +33,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..data.reasoning import Reasoning, ran_out_while_thinking, stored_reasoning
 from ..data.store import Message, Status
-from ..theme import MUTED, SPEAKER, WARNING
+from ..theme import MUTED, QUIET_RULE, SPEAKER, WARNING
 from . import drafted
 from .blocks import CodeBlock, PlainBlock, TextBlock, block_class
 from .markdown import MarkdownRenderer, PlainSegment, Segment
+from .reasoning import ReasoningBlock
 from .render_worker import SYNC_RENDER_CHARS, RenderWorker
 
 RENDER_INTERVAL_MS = 50  # at most 20 redraws a second of the streaming reply
@@ -51,11 +53,15 @@ STATUS_NOTES = {
     Status.ERROR: "Failed",
 }
 LENGTH_NOTE = "Cut at the length limit (Max tokens per reply)."
+THINKING_CUT_NOTE = "Ran out of tokens while thinking, before any answer (Max tokens per reply)."
 FOOTER_SCALE = 0.9  # the numbers under a reply, relative to the text
 # The page's style sheet carries the text size: under a style sheet Qt no longer passes a parent's font down.
 PAGE_STYLE = """
 QWidget {{ font-size: {text:.2f}pt; }}
 QLabel#replyFooter {{ font-size: {small:.2f}pt; }}
+QToolButton#reasoningToggle {{ color: {muted}; font-size: {small:.2f}pt; padding-left: 0; }}
+#reasoningText {{ color: {muted}; border-width: 0 0 0 2px; border-style: solid; border-color: {rule};
+                  padding: 2px 0 4px 10px; margin-left: 4px; }}
 QFrame#userMessage {{ background: palette(alternate-base); border-radius: 10px; }}
 QToolButton {{ padding: 2px 6px; border: 1px solid transparent; border-radius: 4px; }}
 QToolButton:hover {{ border-color: palette(mid); }}
@@ -111,6 +117,8 @@ def finished_announcement(message: Message) -> str:
     ended = {Status.STOPPED: "Reply stopped", Status.PARTIAL: "Reply interrupted"}.get(message.status, "Reply finished")
     if was_cut(message):
         ended = "Reply cut at the length limit; Continue writes on"
+    if ran_out_while_thinking(message):
+        ended = "Reply ran out of tokens while thinking; Continue writes on"
     tokens = message.stats.get("output_tokens")
     return f"{ended}, {tokens} tokens" if tokens else ended
 
@@ -136,6 +144,7 @@ class MessageWidget(QFrame):
         self.setObjectName("userMessage" if message.role == "user" else "reply")
         self.setAccessibleName("Your message" if message.role == "user" else "Reply")
         self.header = QLabel()
+        self.reasoning = ReasoningBlock()
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         self.footer = QLabel()
@@ -153,6 +162,7 @@ class MessageWidget(QFrame):
         layout.setContentsMargins(12, 8, 12, 6)
         layout.setSpacing(4)
         layout.addWidget(self.header)
+        layout.addWidget(self.reasoning)
         layout.addLayout(self.body)
         layout.addWidget(self.footer)
         layout.addWidget(self.actions_row)
@@ -167,14 +177,16 @@ class MessageWidget(QFrame):
                      last: bool) -> None:
         """Everything about the message; does nothing when nothing that shows has changed."""
         shown = self.view.shown_text(message, text)
+        reasoning = self.view.reasoning_of(message)
         key = (message.text, message.status, message.error, tuple(sorted(message.stats.items())), live, version,
-               last, shown if live or shown is not text else None, self.view.renderer.dark)
+               last, shown if live or shown is not text else None, self.view.renderer.dark, reasoning)
         if key == self.key:
             return
         self.key, self.message = key, message
         who = "You" if message.role == "user" else f"Kvasir · {message.model}" if message.model else "Kvasir"
         color = SPEAKER["user" if message.role == "user" else "assistant"]
         self.header.setText(f'<b style="color:{color};">{html.escape(who)}</b>')
+        self.reasoning.show_reasoning(reasoning)
         self.show_text(shown)
         self._show_footer(message, live)
         self._show_buttons(message, live, version, last)
@@ -246,7 +258,7 @@ class MessageWidget(QFrame):
             if message.status == Status.ERROR and message.error and not live:
                 note = f"Failed: {message.error}"
             if was_cut(message) and not live:
-                note = LENGTH_NOTE
+                note = THINKING_CUT_NOTE if ran_out_while_thinking(message) else LENGTH_NOTE
             parts = [p for p in (route_line(message), stats_line(message) if not live else "", note) if p]
         self.footer.setText(" · ".join(parts))
         self.footer.setVisible(bool(parts))
@@ -294,7 +306,7 @@ class MessageWidget(QFrame):
 
     def focusables(self) -> list[QWidget]:
         """What Tab stops at in this message, top to bottom: its text and code blocks, then its buttons."""
-        found: list[QWidget] = []
+        found: list[QWidget] = self.reasoning.focusables()
         for widget in self._segments:
             found += widget.focusables()
         items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
@@ -305,7 +317,7 @@ class MessageWidget(QFrame):
         return next((w for w in items if isinstance(w, QToolButton) and w.text() == text), None)
 
     def plain_text(self) -> str:
-        pieces = [QTextDocumentFragment.fromHtml(self.header.text()).toPlainText()]
+        pieces = [QTextDocumentFragment.fromHtml(self.header.text()).toPlainText(), self.reasoning.plain_text()]
         pieces += [widget.plain_text() for widget in self._segments]
         pieces.append(self.footer.text())
         items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
@@ -430,11 +442,16 @@ class ChatView(QScrollArea):
         spans = self.model.kept_drafts(message)
         return drafted.mark(text, spans) if spans else text
 
+    def reasoning_of(self, message: Message) -> Reasoning:
+        """A reply's reasoning: so far while it is written, else as stored."""
+        return self.model.reasoning(message) if self.model is not None else stored_reasoning(message)
+
     def set_text_scale(self, percent: int) -> None:
-        """Messages and code blocks at ``percent`` of the normal text size (the numbers under replies a little
-        smaller)."""
+        """Messages and code blocks at ``percent`` of the normal text size (the numbers under replies and the line
+        over their reasoning a little smaller)."""
         size = self._base_point_size * percent / 100
-        if self.page.styleSheet() != (style := PAGE_STYLE.format(text=size, small=size * FOOTER_SCALE)):
+        style = PAGE_STYLE.format(text=size, small=size * FOOTER_SCALE, muted=MUTED, rule=QUIET_RULE)
+        if self.page.styleSheet() != style:
             self.page.setStyleSheet(style)
 
     def show_thread(self, messages: list[Message], streaming: dict[int, str] | None = None,
@@ -613,6 +630,7 @@ class ChatView(QScrollArea):
         for message_id in self._dirty:
             widget = self._widgets.get(message_id)
             if widget is not None and message_id in self._streaming:
+                changed = widget.reasoning.show_reasoning(self.reasoning_of(widget.message)) or changed
                 changed = widget.show_text(self.shown_text(widget.message, self._streaming[message_id])) or changed
         self._dirty.clear()
         if changed:

@@ -20,6 +20,7 @@ from ..transcript.model import Transcript
 from ..transcript.view import ChatView, MessageAction, finished_announcement
 from .composer import Composer
 from .engine_banner import EngineBanner
+from .thinking_switch import ThinkingSwitch
 
 
 class ChatPane(QWidget):
@@ -33,6 +34,7 @@ class ChatPane(QWidget):
         self.persona_button.setFlat(True)
         self.persona_button.setToolTip("Chat settings: persona and sampling")
         self.persona_button.setAccessibleName("Chat settings: persona and sampling")
+        self.thinking = ThinkingSwitch(session)
         self.banner = EngineBanner()
         self.chat = ChatView()
         self.chat.set_model(transcript)
@@ -47,6 +49,7 @@ class ChatPane(QWidget):
         header.setContentsMargins(6, 4, 6, 0)
         header.addWidget(self.persona_button)
         header.addStretch(1)
+        header.addWidget(self.thinking)
         layout.addLayout(header)
         layout.addWidget(self.banner)
         layout.addWidget(self.chat, 1)

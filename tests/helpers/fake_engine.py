@@ -7,7 +7,7 @@ from concurrent.futures import Future
 
 from PySide6.QtCore import QObject, Signal
 
-from engine import EngineDeadError, EngineStats, RequestMetrics, RequestOutput
+from engine import Chat, EngineDeadError, EngineStats, RequestMetrics, RequestOutput
 
 WORDS = "Paris is the capital of France and a **lovely** city .".split()
 
@@ -27,7 +27,8 @@ def fake_stats(**overrides) -> EngineStats:
 
 class FakeBridge(QObject):
     """A :class:`app.engines.bridge.ChatEngine` that streams ``WORDS`` one per tick; ``gate`` (an asyncio.Event) can
-    hold a stream mid-way.
+    hold a stream mid-way. With ``thoughts``, a thinking model's reply: those words first, one per tick, as its
+    reasoning (``delta_reasoning``), then the answer's words.
 
     ``fail(reason)`` makes the engine die as the real one can; ``fail_load(reason)`` makes a load fail."""
 
@@ -38,15 +39,19 @@ class FakeBridge(QObject):
     models_updated = Signal(object)
     engine_failed = Signal(str)
 
-    def __init__(self, words=WORDS, finish_reason="stop", kept_words: frozenset[int] = frozenset()) -> None:
+    def __init__(self, words=WORDS, finish_reason="stop", kept_words: frozenset[int] = frozenset(),
+                 thoughts=()) -> None:
         super().__init__()
         self.words, self.finish_reason = list(words), finish_reason
+        self.thoughts = list(thoughts)
         self.kept_words = kept_words  # the words that came from kept drafts (RequestOutput.kept_draft_spans)
         self.ready, self.loading, self.serving = True, False, True
         self.config = None
         self.failure: str | None = None
         self.load_error: str | None = None
-        self.requests: list[list[dict]] = []
+        self.requests: list[list[dict]] = []  # the messages of every reply asked for
+        self.prompts: list = []  # every prompt as given to stream (a Chat, or a list of messages)
+        self.counted: list = []  # every prompt as given to count_tokens
         self.restarts = 0
         self.cpu_options: tuple | None = None  # what set_cpu_options was last given
         self.speculation: str | None = None  # what set_speculation was last given
@@ -99,8 +104,12 @@ class FakeBridge(QObject):
         return {self.focused: self._stats}
 
     def count_tokens(self, messages, model=None) -> int:
+        """Words plus 4 a message (reasoning included), and 3 more where the template is asked not to think."""
         self.token_counts += 1
-        return sum(len(m["content"].split()) + 4 for m in messages)
+        self.counted.append(messages)
+        chat = messages if isinstance(messages, Chat) else Chat(messages)
+        words = sum(len((m["content"] + " " + m.get("reasoning_content", "")).split()) + 4 for m in chat.messages)
+        return words + (3 if chat.options.get("enable_thinking") is False else 0)
 
     def start(self, config) -> None:
         self.config = config
@@ -165,23 +174,30 @@ class FakeBridge(QObject):
     def stream(self, messages, sampling, model=None) -> FakeStream:
         if self.failure is not None:
             raise EngineDeadError(self.failure)
-        self.requests.append(messages)
+        self.prompts.append(messages)
+        self.requests.append(list(messages.messages) if isinstance(messages, Chat) else messages)
         self.streams += 1
         return FakeStream(f"fake-{self.streams}", self._stream())
 
     async def _stream(self):
-        text, spans = "", []
-        for i, word in enumerate(self.words):
+        text, spans, reasoning = "", [], ""
+        pieces = [("thought", word) for word in self.thoughts] + [("word", word) for word in self.words]
+        for i, (kind, word) in enumerate(pieces):
             if self.gate is not None and i == 2:
                 await self.gate.wait()
             await asyncio.sleep(0)
             if self.failure is not None:
                 raise EngineDeadError(self.failure)
-            text += ("" if i == 0 else " ") + word
-            if i in self.kept_words and word:
+            j = i - len(self.thoughts)  # the answer word's index
+            if kind == "thought":
+                reasoning += ("" if i == 0 else " ") + word
+            else:
+                text += ("" if j == 0 else " ") + word
+            if kind == "word" and j in self.kept_words and word:
                 spans.append((len(text) - len(word), len(text)))
-            last = i == len(self.words) - 1
-            yield _output(text, i + 1, self.finish_reason if last else None, tuple(spans))
+            last = i == len(pieces) - 1
+            yield _output(text, i + 1, self.finish_reason if last else None, tuple(spans), reasoning,
+                          len(self.thoughts) if kind == "word" else i + 1)
 
 
 class FakeStream:
@@ -195,8 +211,16 @@ class FakeStream:
         return self._outputs
 
 
-def _output(text: str, n: int, reason: str | None, kept_draft_spans=()) -> RequestOutput:
+THOUGHT_S = 0.1  # seconds a fake reply's reasoning takes, a thought
+
+
+def _output(text: str, n: int, reason: str | None, kept_draft_spans=(), reasoning: str = "",
+            thought_tokens: int = 0) -> RequestOutput:
     metrics = RequestMetrics(queue_time_s=0.001, ttft_s=0.05, prompt_tokens=40, cached_prompt_tokens=32,
-                             output_tokens=n, decode_tokens_per_s=25.0 if n > 1 else None)
-    return RequestOutput("fake", text, list(range(n)), text.split(" ")[-1], [n], reason is not None, reason, None,
-                         metrics, kept_draft_spans)
+                             output_tokens=n, decode_tokens_per_s=25.0 if n > 1 else None,
+                             reasoning_tokens=thought_tokens,
+                             reasoning_s=round(thought_tokens * THOUGHT_S, 6) if thought_tokens else None)
+    delta_text = text.split(" ")[-1] if n > thought_tokens else ""
+    delta_reasoning = reasoning.split(" ")[-1] if n <= thought_tokens else ""
+    return RequestOutput("fake", text, list(range(n)), delta_text, [n], reason is not None, reason, None,
+                         metrics, kept_draft_spans, reasoning, delta_reasoning)

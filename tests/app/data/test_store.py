@@ -243,3 +243,40 @@ def test_personas_are_saved_renamed_and_deleted_with_the_chats_that_use_them(sto
     with pytest.raises(KeyError):
         store.delete_persona("Captain")
     assert store.personas() == [("Butler", "Very good, sir.")]
+
+
+def test_a_database_from_before_reasoning_gains_the_column_and_keeps_its_messages(tmp_path):
+    import sqlite3
+
+    from app.data.store import MIGRATIONS, split_statements
+
+    path = tmp_path / "schema2.db"
+    db = sqlite3.connect(path)
+    for version in (1, 2):  # the file as Kvasir wrote it before replies kept their reasoning
+        for statement in split_statements(MIGRATIONS[version]):
+            db.execute(statement)
+    db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (1, 'old', 0, 0)")
+    db.execute("INSERT INTO messages (id, conversation_id, role, text, created) VALUES (1, 1, 'assistant', 'hi', 0)")
+    db.execute("PRAGMA user_version = 2")
+    db.commit()
+    db.close()
+    upgraded = Store(path)
+    assert upgraded.schema_version == SCHEMA_VERSION == 3
+    old = upgraded.message(1)
+    assert (old.text, old.reasoning) == ("hi", "")
+    assert upgraded.update_message(1, reasoning="I thought about it").reasoning == "I thought about it"
+    upgraded.close()
+
+
+def test_a_replys_reasoning_is_stored_and_read_back(tmp_path):
+    path = tmp_path / "kvasir.db"
+    first = Store(path)
+    conv = first.create_conversation("thinking")
+    reply = first.add_message(conv.id, "assistant", "Paris.", reasoning="France's capital is Paris.",
+                              stats={"reasoning_tokens": 7, "reasoning_s": 0.4})
+    first.close()
+    again = Store(path)
+    kept = again.thread(conv.id)[-1]
+    assert (kept.id, kept.text, kept.reasoning) == (reply.id, "Paris.", "France's capital is Paris.")
+    assert (kept.stats["reasoning_tokens"], kept.stats["reasoning_s"]) == (7, 0.4)
+    again.close()
