@@ -27,7 +27,7 @@ _EXPORTS = {
     ".models.hub_search": ("HubModel", "HubOption", "HubRepo"),
     ".models.library": ("LibraryEntry", "ModelLibrary", "data_dir"),
     ".models.sources": ("DEFAULT_MODEL_NAME", "DEFAULT_MODEL_PACKAGE"),
-    ".sampling_params": ("CHAT_SAMPLING", "SamplingParams"),
+    ".sampling_params": ("CHAT_SAMPLING", "SamplingParams", "Structure"),
     ".serving.async_engine": ("AsyncEngine",),
     ".serving.engine": ("Engine",),
     ".serving.metrics": ("CpuUsage", "DiskCacheStats", "EngineStats", "FirstToken", "GpuUsage", "RequestMetrics",

@@ -7,8 +7,27 @@ import numbers
 from dataclasses import dataclass
 
 MAX_SEED = 2**63 - 1
+STRUCTURE_KINDS = ("json", "json_schema", "regex", "grammar")
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Structure:
+    """A form a reply must take: ``kind`` "json" (any JSON object, OpenAI's json_object), "json_schema"
+    (``spec``: the schema), "regex" (``spec``: the pattern) or "grammar" (``spec``: Lark or GBNF text). Sampling
+    only ever picks tokens that keep the reply inside it (see :mod:`engine.step.grammar`)."""
+
+    kind: str
+    spec: str | dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURE_KINDS:
+            raise ValueError(f"a structure's kind is one of {', '.join(STRUCTURE_KINDS)}, not {_shown(self.kind)}")
+        wanted = {"json": type(None), "json_schema": dict, "regex": str, "grammar": str}[self.kind]
+        if not isinstance(self.spec, wanted):
+            raise ValueError(f"a {self.kind} structure needs {'no spec' if wanted is type(None) else wanted.__name__}"
+                             f", not {_shown(self.spec)}")
 
 
 @dataclass(slots=True)
@@ -33,6 +52,7 @@ class SamplingParams:
     split_reasoning: bool = True
     # parse the model's tool calls out of the reply (RequestOutput.tool_calls): for a request that offered tools
     parse_tool_calls: bool = False
+    structure: Structure | None = None  # the form the reply must take (structured output), None: free text
 
     def __post_init__(self) -> None:
         self.max_tokens = _integer("max_tokens", self.max_tokens, low=1)
@@ -47,6 +67,8 @@ class SamplingParams:
         for name in ("ignore_eos", "split_reasoning", "parse_tool_calls"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+        if self.structure is not None and not isinstance(self.structure, Structure):
+            raise ValueError(f"structure must be a Structure, not {_shown(self.structure)}")
 
     @property
     def greedy(self) -> bool:

@@ -153,12 +153,13 @@ class AsyncEngine:
         engine = self._resolve(model)
         request_id = f"areq-{next(self._ids)}"
         stream = RequestStream(self, request_id)
-        ready = _is_token_ids(prompt)  # token ids go straight in, in the order they came
+        # token ids go straight in, in the order they came; a structure's grammar is compiled off the engine thread
+        ready = _is_token_ids(prompt) and (sampling is None or sampling.structure is None)
         with self._lock:
             self._raise_if_dead()
             self._streams[request_id] = (loop, weakref.ref(stream))
             if ready:
-                self._commands.put(("add", (request_id, prompt, prompt, sampling, source, None, engine)))
+                self._commands.put(("add", (request_id, prompt, prompt, sampling, source, None, engine, None)))
             else:
                 self._preparing.add(request_id)
         if not ready:
@@ -199,6 +200,12 @@ class AsyncEngine:
         if encoder is None:  # between two models: the engine thread answers once the next one is in
             return self.call(lambda engine: engine.encode_prompt(prompt), model).result()
         return encoder.encode(prompt)
+
+    async def check_structure(self, sampling: SamplingParams, model: str | None = None) -> None:
+        """Raise ``GrammarError`` (a ``ValueError``) naming what the model ``model`` names cannot enforce of
+        ``sampling``'s structure; compiled off the engine thread."""
+        engine = self._resolve(model)
+        await asyncio.get_running_loop().run_in_executor(self._encoder, engine.constraint_for, sampling)
 
     async def encode(self, prompt: Prompt, model: str | None = None) -> list[int]:
         """:meth:`encode_prompt` on the encoder pool, neither on the event loop nor the engine thread."""
@@ -286,10 +293,12 @@ class AsyncEngine:
 
     def _prepare(self, request_id: str, prompt: Prompt, sampling: SamplingParams | None, source: str,
                  engine: Engine) -> None:
-        """Encode a request's prompt, then hand the ids to the engine thread, unless it was aborted meanwhile."""
+        """Encode a request's prompt (and compile its structure's grammar), then hand them to the engine thread,
+        unless it was aborted meanwhile."""
         encoder = getattr(engine, "prompts", None)
         try:
             ids = encoder.encode(prompt) if encoder is not None else prompt  # None: the engine thread encodes
+            constraint = engine.constraint_for(sampling) if sampling is not None and encoder is not None else None
         except Exception as exc:
             with self._lock:
                 wanted = request_id in self._preparing
@@ -301,7 +310,7 @@ class AsyncEngine:
             if request_id not in self._preparing or self.failure is not None:
                 return
             self._preparing.discard(request_id)
-            self._commands.put(("add", (request_id, prompt, ids, sampling, source, encoder, engine)))
+            self._commands.put(("add", (request_id, prompt, ids, sampling, source, encoder, engine, constraint)))
 
     # -- the engine thread --------------------------------------------------------------------------
 
@@ -402,7 +411,7 @@ class AsyncEngine:
             self._stopping = True
 
     def _add(self, request_id: str, prompt: Prompt, ids: list[int], sampling: SamplingParams | None, source: str,
-             encoder, engine: Engine) -> None:
+             encoder, engine: Engine, constraint=None) -> None:
         if engine not in list(self._models) or not engine.has_model:  # unloaded since the request was made
             self._deliver(request_id, EngineDeadError(UNLOADED_MESSAGE))
             return
@@ -415,7 +424,7 @@ class AsyncEngine:
                 self._deliver(request_id, EngineDeadError(SHUTDOWN_MESSAGE))
             return
         try:
-            engine.add_request(ids, sampling, request_id=request_id, source=source)
+            engine.add_request(ids, sampling, request_id=request_id, source=source, constraint=constraint)
         except Exception as exc:
             self._deliver(request_id, exc)
             return

@@ -25,6 +25,7 @@ from ..sampling_params import SamplingParams
 from ..step import attention, attention_plan, cuda_graphs
 from ..step.attention_plan import AttentionPlan
 from ..step.detokenizer import IncrementalDetokenizer
+from ..step.grammar import Constraint, Grammars
 from ..step.runner import ModelRunner
 from ..templates.reasoning import PROMPT_TAIL_TOKENS, opened_by, reasoning_support
 from ..templates.tool_calls import tool_call_format
@@ -83,6 +84,7 @@ class Engine:
         self.prompts = PromptEncoder(self.tokenizer, self.max_model_len, self.loaded.model.config.vocab_size)
         self.reasoning = reasoning_support(self.prompts.template.source, self.tokenizer.get_vocab())
         self.tool_format = tool_call_format(self.prompts.template.source)
+        self.grammars = Grammars(self.tokenizer, self.loaded.model.config.vocab_size, self._grammar_eos())
         if self.reasoning.note:
             log.info("%s: %s", config.model, self.reasoning.note)
         shape = KVShape.from_config(self.loaded.model.config, self.loaded.dtype, self.kv_format)
@@ -152,7 +154,7 @@ class Engine:
 
     def add_request(
         self, prompt: Prompt, sampling: SamplingParams | None = None, request_id: str | None = None,
-        source: str = "",
+        source: str = "", constraint: Constraint | None = None,
     ) -> str:
         """Queue a request; returns its id. A request that can never fit finishes at once with an error.
 
@@ -160,7 +162,8 @@ class Engine:
         it in each :class:`RequestSnapshot` so the live panel can say where a request came from.
 
         A bad prompt or parameter raises ``ValueError`` (``TypeError`` for a wrong kind of object) and leaves
-        nothing behind: the request is registered only once it is fully built.
+        nothing behind: the request is registered only once it is fully built. A structured request's grammar
+        is compiled here unless ``constraint`` brings it compiled (:meth:`constraint_for`, off this thread).
         """
         sampling = SamplingParams() if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
@@ -171,8 +174,11 @@ class Engine:
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self.encode_prompt(prompt)
+        if constraint is None and sampling.structure is not None:
+            constraint = self.constraint_for(sampling)
         detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, sampling.stop)
-        seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter(), source=source)
+        seq = Sequence(request_id, token_ids, len(token_ids), sampling, time.perf_counter(), source=source,
+                       constraint=constraint)
         self._sequences[request_id] = seq
         self._detokenizers[request_id] = detokenizer
         self._channels[request_id] = self._reply_channels(token_ids, sampling)
@@ -182,6 +188,17 @@ class Engine:
         else:
             self.scheduler.add(seq)
         return request_id
+
+    def constraint_for(self, sampling: SamplingParams) -> Constraint | None:
+        """A fresh grammar matcher for ``sampling``'s structure (None for free text); ``GrammarError`` (a
+        ``ValueError``) naming what cannot be enforced. Safe from any thread."""
+        return self.grammars.constraint(sampling.structure) if sampling.structure is not None else None
+
+    def _grammar_eos(self) -> int:
+        """The token a constrained reply ends with: the tokenizer's end of turn where it is one of the model's."""
+        eos = self.tokenizer.eos_token_id
+        return eos if eos in self.loaded.eos_token_ids or not self.loaded.eos_token_ids else min(
+            self.loaded.eos_token_ids)
 
     def _reply_channels(self, prompt_ids: list[int], sampling: SamplingParams) -> ReplyChannels:
         """A reply's channels, as ``sampling`` asks (reasoning apart, tool calls parsed): where the prompt leaves a
@@ -212,7 +229,8 @@ class Engine:
     def _plan_drafts(self) -> None:
         """Drafts for the replies being written (speculative decoding, :mod:`.speculation`), each within what
         its reply may still take: its ``max_tokens`` and the context, less the step's own token."""
-        decoding = self.scheduler.decoding()
+        decoding = [seq for seq in self.scheduler.decoding() if seq.constraint is None]  # a grammar's masks are
+        # made for the reply's next token only
         room = {seq.request_id: min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
                 - 1 for seq in decoding}
         self.speculator.plan(decoding, room)
@@ -665,15 +683,18 @@ class Engine:
             if count <= kept:
                 seq.mark_kept_draft(before, len(detok.text))
             if reason:
-                return self._finish(seq, reason, None, report=False, new_tokens=tokens[:count])
+                return self._finish(seq, reason, seq.error, report=False, new_tokens=tokens[:count])
         return self._output(seq, tokens, detok.release())
 
     def _finish_reason(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> str | None:
         params = seq.params
+        if seq.constraint is not None and not seq.constraint.accept(token):
+            seq.error = f"the reply left its required form: {seq.constraint.error or 'a token it does not allow'}"
+            return "error"
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.loaded.eos_token_ids):
             return "stop"
         detok.add(token)
-        if detok.stopped:
+        if detok.stopped or (seq.constraint is not None and seq.constraint.done):
             return "stop"
         if seq.num_output_tokens >= params.max_tokens:
             return "length"

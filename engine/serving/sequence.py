@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..sampling_params import SamplingParams
+from ..step.grammar import Constraint
 
 
 class Status(enum.Enum):
@@ -43,6 +44,7 @@ class Sequence:
     # [start, end) character ranges of the reply's text that came from kept draft tokens, in order, touching ones
     # joined (the transcript can highlight them)
     kept_draft_spans: list[tuple[int, int]] = field(default_factory=list)
+    constraint: Constraint | None = None  # structured output: its place in its grammar (never drafts)
     reasoning_tokens: int = 0  # output tokens of its reasoning (all of them while it thinks)
     reasoning_end_time: float | None = None  # when its reasoning ended
 

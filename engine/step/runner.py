@@ -84,7 +84,7 @@ class ModelRunner:
         as without speculation for greedy and seeded requests.
         """
         sampling = [c for c in chunks if c.samples]
-        rows = [SamplingRow(c.seq.params, _history(c, j), c.seq.num_output_tokens + j)
+        rows = [SamplingRow(c.seq.params, _history(c, j), c.seq.num_output_tokens + j, c.seq.constraint)
                 for c in sampling for j in range(len(c.draft) + 1)]
         picked = self.sampler(logits, rows) if rows else []
         tokens, first = [], 0

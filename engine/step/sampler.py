@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling_params import SamplingParams
+from .grammar import Constraint, apply_masks, fill_masks
 from .transfer import to_device
 
 
@@ -17,6 +18,7 @@ class SamplingRow:
     params: SamplingParams
     token_ids: list[int]  # prompt and output so far, read only for the repetition penalty
     output_index: int  # how many tokens this request has produced (makes seeded draws reproducible)
+    constraint: Constraint | None = None  # structured output: only the tokens its grammar allows next
 
 
 class Sampler:
@@ -35,6 +37,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
         logits = logits.float()
         logits = _apply_repetition_penalty(logits, rows)
+        _apply_constraints(logits, rows)
         greedy = [row.params.greedy for row in rows]
         if all(greedy):
             return _first_max(logits).tolist()
@@ -54,6 +57,14 @@ class Sampler:
                 generator = torch.Generator(device=device).manual_seed(_mix(row.params.seed, row.output_index))
                 noise[i].exponential_(generator=generator)
         return noise.clamp_min_(1e-20)
+
+
+def _apply_constraints(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Forbid, in the rows of constrained replies, the tokens their grammars do not allow next."""
+    constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
+    if constrained:
+        masks = fill_masks([rows[i].constraint for i in constrained], logits.shape[-1])
+        apply_masks(logits, constrained, masks)
 
 
 def _first_max(values: torch.Tensor) -> torch.Tensor:
