@@ -9,7 +9,7 @@ import dataclasses
 import numbers
 from dataclasses import dataclass
 
-from ..sampling_params import MAX_SEED, SamplingParams
+from ..sampling_params import MAX_SEED, SamplingParams, Structure
 from ..serving.prompt_encoder import Chat, checked_options
 from .errors import bad_field, shown
 from .tool_fields import ToolChoice, assistant_calls, tool_choice_of, tool_message, tools_of
@@ -40,7 +40,6 @@ NOTHING_ASKED = {
     "functions": (lambda v: v == [], "the deprecated functions field is not supported; use tools"),
     "function_call": (lambda v: v in ("none", "auto"), "the deprecated function_call is not supported; use "
                                                        "tool_choice"),
-    "response_format": (lambda v: v == {"type": "text"}, "only the text response format is supported"),
     "modalities": (lambda v: v == ["text"], "only text output is supported"),
     "audio": (lambda v: False, "audio output is not supported"),
     "prediction": (lambda v: False, "predicted outputs are not supported"),
@@ -52,7 +51,7 @@ COMMON_FIELDS = {"model", "stream", "stream_options", "max_tokens", *SAMPLING_FI
 CHAT_FIELDS = frozenset({*COMMON_FIELDS, "messages", "max_completion_tokens", "n", "frequency_penalty",
                          "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "tools", "functions",
                          "tool_choice", "function_call", "response_format", "modalities", "audio", "prediction",
-                         "web_search_options", "chat_template_kwargs"})
+                         "web_search_options", "chat_template_kwargs", "guided_regex", "guided_grammar"})
 COMPLETION_FIELDS = frozenset({*COMMON_FIELDS, "prompt", "n", "best_of", "frequency_penalty", "presence_penalty",
                                "logit_bias", "logprobs", "suffix", "echo"})
 OPENAI_RANGES = {"temperature": (0.0, 2.0), "frequency_penalty": (-2.0, 2.0), "presence_penalty": (-2.0, 2.0)}
@@ -73,12 +72,15 @@ class ApiRequest:
     include_usage: bool
     n: int = 1
     tool_choice: ToolChoice = ToolChoice()
+    structure_field: str = "response_format"  # the field the reply's required form came from, for its errors
 
-    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, choice: int = 0, structure: Structure | None = None) -> SamplingParams:
         """The sampling of reply ``choice``: with a seed, each reply has its own (seed + choice), so the ``n``
-        replies differ and each is reproducible."""
+        replies differ and each is reproducible. ``structure``: the form a forced tool call takes."""
         seed = self.sampling.get("seed")
         values = self.sampling if seed is None else {**self.sampling, "seed": (seed + choice) % (MAX_SEED + 1)}
+        if structure is not None:
+            values = {**values, "structure": structure}
         # a chat's reasoning comes apart from its answer (reasoning_content); a completion is the text as written
         return SamplingParams(max_tokens=max_tokens, split_reasoning=self.kind == "chat",
                               parse_tool_calls=self.tool_choice.offered, **values)
@@ -89,14 +91,38 @@ def parse_chat(body: dict) -> ApiRequest:
     present = _present(body, CHAT_FIELDS)
     tools = tools_of(present)
     choice = tool_choice_of(present, tools)
-    if choice.forced:
-        raise bad_field("tool_choice", f"tool_choice {choice.name or choice.mode!r} needs constrained decoding, "
-                                       "which this server does not have yet; use 'auto'",
-                        code="unsupported_parameter")
     chat = Chat(chat_messages(_required(body, "messages")), _template_options(present),
                 tools if choice.offered else [])
     field = "max_completion_tokens" if "max_completion_tokens" in present else "max_tokens"
-    return dataclasses.replace(_request("chat", body, present, chat, "messages", field), tool_choice=choice)
+    request = _request("chat", body, present, chat, "messages", field)
+    structure, structure_field = _structure(present)
+    if choice.forced and structure is not None:
+        raise bad_field("tool_choice", f"a forced tool call and {structure_field} cannot both shape the reply")
+    sampling = request.sampling if structure is None else {**request.sampling, "structure": structure}
+    return dataclasses.replace(request, sampling=sampling, tool_choice=choice,
+                               structure_field="tool_choice" if choice.forced else structure_field)
+
+
+def _structure(present: dict) -> tuple[Structure | None, str]:
+    """The form the reply must take: ``response_format`` (json_object, json_schema), or vLLM's ``guided_regex``
+    and ``guided_grammar`` (Lark); with the field it came from."""
+    for name, kind in (("guided_regex", "regex"), ("guided_grammar", "grammar")):
+        if name in present:
+            if not isinstance(present[name], str) or not present[name]:
+                raise bad_field(name, f"{name} must be a non-empty string")
+            return Structure(kind, present[name]), name
+    form = present.get("response_format", {"type": "text"})
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind == "text":
+        return None, "response_format"
+    if kind == "json_object":
+        return Structure("json"), "response_format"
+    schema = form.get("json_schema", {}).get("schema") if isinstance(form.get("json_schema"), dict) else None
+    if kind == "json_schema" and isinstance(schema, dict):
+        return Structure("json_schema", schema), "response_format"
+    raise bad_field("response_format", "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                                       "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}, not "
+                                       f"{shown(form)}")
 
 
 def _template_options(present: dict) -> dict:

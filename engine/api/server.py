@@ -204,8 +204,14 @@ async def _start(engine: AsyncEngine, api: ApiRequest, model: str) -> list[Reque
     except ValueError as exc:
         raise bad_field(api.prompt_field, str(exc)) from None
     max_tokens = _max_tokens(engine.stats(model), api, len(ids))
-    return [engine.stream(ids, api.sampling_params(max_tokens, i), source=API_SOURCE, model=model)
-            for i in range(api.n)]
+    forced = api.tool_choice
+    structure = engine.forced_call(api.prompt.tools, forced.name, model) if forced.forced else None
+    params = [api.sampling_params(max_tokens, i, structure) for i in range(api.n)]
+    try:
+        await engine.check_structure(params[0], model)
+    except ValueError as exc:
+        raise bad_field(api.structure_field, str(exc)) from None
+    return [engine.stream(ids, p, source=API_SOURCE, model=model) for p in params]
 
 
 def _raise_if_failed(outputs: list[RequestOutput]) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..config import EngineConfig
 from ..errors import EngineDeadError
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, Structure
 from .engine import UNLOADED_MESSAGE, Engine, describe_failure
 from .metrics import EngineStats
 from .outputs import RequestOutput
@@ -200,6 +200,11 @@ class AsyncEngine:
         if encoder is None:  # between two models: the engine thread answers once the next one is in
             return self.call(lambda engine: engine.encode_prompt(prompt), model).result()
         return encoder.encode(prompt)
+
+    def forced_call(self, tools: list[dict], name: str | None, model: str | None = None) -> Structure:
+        """The form of a reply that must call ``name`` (None: any of ``tools``), in the tool-call format of the
+        model ``model`` names."""
+        return self._resolve(model).forced_call(tools, name)
 
     async def check_structure(self, sampling: SamplingParams, model: str | None = None) -> None:
         """Raise ``GrammarError`` (a ``ValueError``) naming what the model ``model`` names cannot enforce of

@@ -21,14 +21,14 @@ from ..models.loader import LoadedModel, Progress, load_model
 from ..models.memory import resident_bytes, return_freed_memory
 from ..models.model_info import read_model_info
 from ..models.sources import resolve_source
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, Structure
 from ..step import attention, attention_plan, cuda_graphs
 from ..step.attention_plan import AttentionPlan
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.grammar import Constraint, Grammars
 from ..step.runner import ModelRunner
 from ..templates.reasoning import PROMPT_TAIL_TOKENS, opened_by, reasoning_support
-from ..templates.tool_calls import tool_call_format
+from ..templates.tool_calls import forced_call_grammar, tool_call_format
 from . import priority
 from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
@@ -193,6 +193,10 @@ class Engine:
         """A fresh grammar matcher for ``sampling``'s structure (None for free text); ``GrammarError`` (a
         ``ValueError``) naming what cannot be enforced. Safe from any thread."""
         return self.grammars.constraint(sampling.structure) if sampling.structure is not None else None
+
+    def forced_call(self, tools: list[dict], name: str | None) -> Structure:
+        """The form of a reply that is one call to ``name`` (None: any of ``tools``) in this model's format."""
+        return Structure("grammar", forced_call_grammar(self.tool_format, tools, name))
 
     def _grammar_eos(self) -> int:
         """The token a constrained reply ends with: the tokenizer's end of turn where it is one of the model's."""

@@ -184,3 +184,20 @@ def _partial(text: str, marker: str) -> int:
         if marker.startswith(text[-length:]):
             return length
     return 0
+
+
+def forced_call_grammar(fmt: ToolCallFormat, tools: list[dict], name: str | None = None) -> str:
+    """A Lark grammar (llguidance's, with ``%json`` schemas) for a reply that is exactly one call, in ``fmt``, to
+    the tool ``name`` (None: to any of ``tools``), its arguments held to the tool's parameters."""
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    key = "parameters" if fmt is LLAMA3 else "arguments"
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                               key: f.get("parameters") or {"type": "object"}},
+              "required": ["name", key], "additionalProperties": False} for f in chosen]
+    schema = {"x-guidance": {"whitespace_flexible": False}, **(calls[0] if len(calls) == 1 else {"anyOf": calls})}
+    call = f"call: %json {json.dumps(schema)}"
+    if fmt is HERMES:
+        return f'start: "<tool_call>\\n" call "\\n</tool_call>"\n{call}'
+    if fmt is MISTRAL:
+        return f'start: "[TOOL_CALLS][" call "]"\n{call}'
+    return f"start: call\n{call}"
