@@ -86,6 +86,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) -m engine.tools.restart_bench
 	$(PY) -m engine.tools.memory_bench
 	$(PY) -m engine.tools.speculation_bench
+	$(PY) -m engine.tools.structured_bench
 
 # llama.cpp's llama-bench, llama-batched-bench, llama-perplexity and llama-server, built once into the user
 # cache folder (about 15 minutes on 2 cores); later runs find them there and return at once.
