@@ -6,10 +6,10 @@ from __future__ import annotations
 import http.client
 import json
 
-import openai
 import pytest
 
-from engine import ApiConfig, ApiServer, AsyncEngine, Chat, Engine, EngineConfig, SamplingParams
+from engine import Chat, Engine, EngineConfig, SamplingParams
+from tests.helpers.api_serving import serving
 from tests.helpers.reasoning_models import THINK_TEMPLATE, closing_model, with_template
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,18 +34,19 @@ def thinking(tiny_llama, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(thinking):
-    engine = AsyncEngine(config(thinking[0]))
-    server = ApiServer(lambda: engine, ApiConfig(port=0))
-    server.start()
-    yield server
-    server.stop()
-    engine.shutdown()
+def served(thinking):
+    with serving(config(thinking[0])) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+def server(served):
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[1]
 
 
 def expected(engine, options=None, split=True):

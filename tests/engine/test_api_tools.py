@@ -12,7 +12,8 @@ import openai
 import pydantic
 import pytest
 
-from engine import ApiConfig, ApiServer, AsyncEngine, EngineConfig
+from engine import EngineConfig
+from tests.helpers.api_serving import serving
 
 pytestmark = pytest.mark.timeout(120)
 WEATHER = {"type": "function", "function": {
@@ -27,18 +28,9 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris this week?
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    engine = AsyncEngine(EngineConfig(model=str(tiny_llama), num_kv_blocks=128, kv_disk_cache=False))
-    server = ApiServer(lambda: engine, ApiConfig(port=0))
-    server.start()
-    yield server
-    server.stop()
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+def client(tiny_llama):
+    with serving(EngineConfig(model=str(tiny_llama), num_kv_blocks=128, kv_disk_cache=False)) as (_, client):
+        yield client
 
 
 @pytest.fixture(scope="module")
