@@ -94,7 +94,7 @@ def split_reasoning(text: str, markers: ReasoningMarkers | None, opened: bool, f
     if end < 0:
         body = text[body_start:]
         if not final:
-            body = body[: len(body) - _partial_marker(body, markers.end)]
+            body = body[: len(body) - partial_marker(body, markers.end)]
         return ReasoningSplit(body.strip(), "", None, True)
     after = end + len(markers.end)
     rest = text[after:]
@@ -104,7 +104,7 @@ def split_reasoning(text: str, markers: ReasoningMarkers | None, opened: bool, f
                           answer_start if begun else None, False)
 
 
-def _partial_marker(text: str, marker: str) -> int:
+def partial_marker(text: str, marker: str) -> int:
     """How many trailing characters of ``text`` could be the beginning of ``marker``."""
     for length in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-length:]):

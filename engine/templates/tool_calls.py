@@ -14,6 +14,8 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from .reasoning import partial_marker
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -93,7 +95,7 @@ def split_tool_calls(answer: str, fmt: ToolCallFormat, final: bool) -> tuple[str
         return _split_json_reply(answer, final)
     start = answer.find(fmt.start)
     if start < 0:
-        return answer[: len(answer) - (0 if final else _partial(answer, fmt.start))], []
+        return answer[: len(answer) - (0 if final else partial_marker(answer, fmt.start))], []
     before, rest = answer[:start], answer[start:]
     calls = _hermes_calls(rest, final) if fmt is HERMES else _mistral_calls(rest[len(fmt.start):], final)
     if calls is None:  # junk where a call should be: the reply's own text
@@ -176,14 +178,6 @@ def _json(text: str):
         return json.loads(text)
     except ValueError:
         return None
-
-
-def _partial(text: str, marker: str) -> int:
-    """How many trailing characters of ``text`` could be the beginning of ``marker``."""
-    for length in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-length:]):
-            return length
-    return 0
 
 
 def forced_call_grammar(fmt: ToolCallFormat, tools: list[dict], name: str | None = None) -> str:
