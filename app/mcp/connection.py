@@ -51,9 +51,13 @@ class McpConnection:
             return ToolOutcome.failed(f"the call failed: {_reason(exc)}")
         return outcome_of(result)
 
+    def stop(self) -> None:
+        """Ask the session to end, without waiting for it (the loop ends it when it next runs)."""
+        self._closing.set()
+
     async def close(self) -> None:
         """End the session (a stdio server's program is stopped)."""
-        self._closing.set()
+        self.stop()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
         self._session = None
@@ -91,6 +95,6 @@ def _transport(server: McpServer, stack: AsyncExitStack):
 
 def _reason(exc: BaseException) -> str:
     """The first real reason inside an exception (task groups wrap theirs in groups)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+    while getattr(exc, "exceptions", None):  # an ExceptionGroup's
         exc = exc.exceptions[0]
     return str(exc) or type(exc).__name__

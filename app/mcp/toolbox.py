@@ -62,6 +62,12 @@ class McpToolbox(QObject):
         connections, self._connections, self._offered = self._connections, {}, {}
         await asyncio.gather(*(c.close() for c in connections.values()))
 
+    def shutdown(self) -> None:
+        """The app is closing: ask every session to end, without waiting (stdio servers also stop when their
+        input closes with the app)."""
+        for connection in self._connections.values():
+            connection.stop()
+
     async def _open(self, server: McpServer) -> None:
         connection = McpConnection(server)
         try:

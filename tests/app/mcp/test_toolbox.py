@@ -52,7 +52,8 @@ def test_content_that_is_not_text_is_described(qloop, toolbox):
 
 def test_a_tool_that_raises_ends_the_call_with_its_error(qloop, toolbox):
     outcome = run(qloop, toolbox.call("broken", "{}"))
-    assert (outcome.status, outcome.text) == (FAILED, "the tool reported an error: Error executing tool broken: the tool broke")
+    assert (outcome.status, outcome.text) == (
+        FAILED, "the tool reported an error: Error executing tool broken: the tool broke")
 
 
 def test_a_tool_that_hangs_ends_the_call_at_the_timeout(qloop, toolbox):
