@@ -55,3 +55,18 @@ def allowed(settings: dict) -> list[str]:
     """The tools a chat lets run without asking."""
     value = settings.get(ALLOWED)
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+STATUS_WORDS = {"done": "done", "failed": "failed", "refused": "refused", PENDING: "not run yet"}
+
+
+def summary(call: dict) -> str:
+    """A call in one line, as the transcript shows it closed."""
+    return f"Tool call: {call.get('name', '?')} · {STATUS_WORDS.get(call.get('status'), call.get('status'))}"
+
+
+def details(call: dict) -> str:
+    """A call's arguments and its result (or why it has none), as the transcript shows it open."""
+    heading = "Result" if call.get("status") == "done" else "Reason"
+    result = call.get("result") or ("(waiting)" if call.get("status") == PENDING else "(empty)")
+    return f"Arguments:\n{pretty_arguments(call.get('arguments', ''))}\n\n{heading}:\n{result}"

@@ -45,6 +45,7 @@ from .model_bar import ModelBar
 from .model_switch import ModelSwitch
 from .reply_dialogs import ReplyDialogs
 from .sidebar import ChatAction, ConversationSidebar
+from .tool_approval import ToolApproval
 
 
 class MainWindow(QMainWindow):
@@ -60,6 +61,7 @@ class MainWindow(QMainWindow):
         self.sources, self.controller, self.actions = session.sources, session.controller, session.actions
         self.local_api = session.local_api
         self.flow = ReplyFlow(session, dialogs=ReplyDialogs(self), parent=self)
+        session.controller.tool_round.approve = ToolApproval(self)
         self.meter = ContextMeter(session, self)
         self.transcript = Transcript(session, self)
         self._build()
