@@ -86,7 +86,8 @@ class ChatSession(QObject):
     def connect_tools(self) -> asyncio.Task:
         """(Re)connect to the MCP servers in the settings; their tools are offered to chats once listed."""
         self.tools.timeout_s = tool_timeout_s(self.settings)
-        return asyncio.ensure_future(self.tools.connect(servers_of(self.settings)))
+        self.tools_connecting = asyncio.ensure_future(self.tools.connect(servers_of(self.settings)))
+        return self.tools_connecting
 
     def shutdown(self) -> None:
         """Stop every reply being written (their text so far kept), the local API and the remote clients."""

@@ -84,3 +84,20 @@ def servers_of(settings) -> list[McpServer]:
 def tool_timeout_s(settings) -> float:
     """How long a tool call may take before it ends with "timed out"."""
     return float(settings["tool_timeout_s"])
+
+
+def parse_pairs(text: str, separator: str, what: str) -> dict[str, str]:
+    """``KEY<separator>value`` lines (blank lines skipped) as a dict; a ValueError names the first bad line."""
+    pairs = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, found, value = line.partition(separator)
+        if not found or not key.strip():
+            raise ValueError(f"{what}, line {number}: write it as NAME{separator.strip() or separator}value")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def pairs_text(pairs: dict[str, str], separator: str) -> str:
+    return "\n".join(f"{key}{separator}{value}" for key, value in pairs.items())
