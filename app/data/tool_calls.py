@@ -70,3 +70,18 @@ def details(call: dict) -> str:
     heading = "Result" if call.get("status") == "done" else "Reason"
     result = call.get("result") or ("(waiting)" if call.get("status") == PENDING else "(empty)")
     return f"Arguments:\n{pretty_arguments(call.get('arguments', ''))}\n\n{heading}:\n{result}"
+
+
+CALL_KEYS = ("id", "name", "arguments", "status", "result")
+
+
+def call_problem(calls) -> str | None:
+    """Why ``calls`` (read from a file) are not a reply's stored tool calls, or None when they are."""
+    if not isinstance(calls, list):
+        return "tool_calls must be a list"
+    for number, call in enumerate(calls, 1):
+        if not isinstance(call, dict) or not all(isinstance(call.get(key), str) for key in CALL_KEYS):
+            return f"tool call {number} needs the texts {', '.join(CALL_KEYS)}"
+        if call["status"] not in STATUS_WORDS:
+            return f"tool call {number} has an unknown status {call['status']!r}"
+    return None
