@@ -1,4 +1,5 @@
-"""A real MCP server for the tests, run over stdio: ``python -m tests.helpers.mcp_server``.
+"""A real MCP server for the tests, run over stdio: ``python -m tests.helpers.mcp_server`` (or over streamable
+HTTP: ``... http PORT``).
 
 Tools: ``add`` (a sum), ``slow`` (answers after a minute: longer than any test's timeout), ``broken`` (raises),
 ``picture`` (an image and a line of text)."""
@@ -43,4 +44,9 @@ def picture() -> list:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    import sys
+
+    if sys.argv[1:2] == ["http"]:  # streamable HTTP on 127.0.0.1 at the port given, path /mcp
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")
