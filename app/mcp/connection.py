@@ -56,8 +56,10 @@ class McpConnection:
         self._closing.set()
 
     async def close(self) -> None:
-        """End the session (a stdio server's program is stopped)."""
+        """End the session (a stdio server's program is stopped), or stop connecting."""
         self.stop()
+        if self._task is not None and self._ready is not None and not self._ready.done():
+            self._task.cancel()  # still connecting: it would not see the request to stop
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
         self._session = None

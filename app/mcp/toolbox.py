@@ -9,7 +9,7 @@ import json
 from PySide6.QtCore import QObject, Signal
 
 from ..data.mcp_servers import DEFAULT_TOOL_TIMEOUT_S, McpServer
-from .connection import McpConnection
+from .connection import CONNECT_TIMEOUT_S, McpConnection
 from .results import ToolOutcome
 from .tool_names import OfferedTool, offered_tools
 
@@ -23,6 +23,7 @@ class McpToolbox(QObject):
     def __init__(self, timeout_s: float = DEFAULT_TOOL_TIMEOUT_S, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.timeout_s = timeout_s
+        self.connect_timeout_s = CONNECT_TIMEOUT_S
         self.statuses: dict[str, str] = {}
         self._connections: dict[str, McpConnection] = {}
         self._offered: dict[str, OfferedTool] = {}
@@ -71,7 +72,7 @@ class McpToolbox(QObject):
     async def _open(self, server: McpServer) -> None:
         connection = McpConnection(server)
         try:
-            await connection.open()
+            await connection.open(self.connect_timeout_s)
         except ConnectionError as exc:
             self._set_status(server.name, f"not connected: {exc}")
             return

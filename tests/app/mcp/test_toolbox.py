@@ -102,3 +102,11 @@ def test_names_two_servers_share_are_prefixed_with_the_server(qloop):
         assert run(qloop, box.call("twin_server__add", '{"a": 3, "b": 4}')).text == "7"
     finally:
         run(qloop, box.close())
+
+
+def test_a_server_that_never_answers_is_given_up_at_the_connect_timeout(qloop):
+    box = McpToolbox()
+    box.connect_timeout_s = 0.5
+    mute = McpServer("mute", command=sys.executable, args=("-c", "import time; time.sleep(60)"))
+    run(qloop, box.connect([mute]))
+    assert box.statuses == {"mute": "not connected: mute did not answer within 0.5 s"} and box.tools() == []
