@@ -147,8 +147,10 @@ class ChatController(QObject):
         return Chat(messages, options, tools=self.tools_for(conversation_id))
 
     def tools_for(self, conversation_id: int) -> list[dict]:
-        """The tools a chat's model is offered: the MCP servers' where the chat's Tools switch is on."""
-        return self.toolbox.tools() if tools_on(self.conversations.get(conversation_id).settings) else []
+        """The tools a chat's model is offered: the MCP servers' where the chat's Use tools switch is on and its
+        model runs here."""
+        wanted = tools_on(self.conversations.get(conversation_id).settings)
+        return self.toolbox.tools() if wanted and self.sources.of(conversation_id).offers_tools else []
 
     def context_needed(self, conversation_id: int, next_user_text: str, count_tokens,
                        skipped: int | None = None) -> int:

@@ -1,5 +1,6 @@
 """The chat's "Use tools" switch: offers the MCP servers' tools to the chat's model (each call is asked about
-first); shown only while some server has tools. The choice is kept in the chat's settings."""
+first); shown only while some server has tools, for a chat whose model runs here. The choice is kept in the chat's
+settings."""
 
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ class ToolsSwitch(QCheckBox):
         current = self.session.actions.current
         try:
             settings = self.session.conversations.get(current).settings if current is not None else {}
+            local = current is not None and self.session.sources.of(current).offers_tools
         except KeyError:  # the chat was deleted
-            settings = {}
+            settings, local = {}, False
         count = len(self.session.tools.tools())
         self.setChecked(tools_on(settings))
         self.setText(f"Use tools ({count})")
-        self.setVisible(current is not None and count > 0)
+        self.setVisible(local and count > 0)
 
     def _changed(self, conversation_id: int) -> None:
         if conversation_id == self.session.actions.current:

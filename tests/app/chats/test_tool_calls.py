@@ -112,3 +112,11 @@ def test_replies_stop_calling_after_the_last_round(qloop, session, store, chat):
                                  "status": "failed", "result": f"not run: the reply already made {MAX_ROUNDS} "
                                                                "rounds of tool calls"}]
     assert store.message(final.id).tool_calls == final.tool_calls
+
+
+def test_a_chat_on_a_remote_server_is_offered_no_tools(session, chat):
+    from app.data.remote_store import RemoteChoice
+
+    session.sources.run_on(chat, RemoteChoice("some-server", "some-model"))
+    assert session.controller.tools_for(chat) == []
+    assert session.controller.sampling_for(chat).parse_tool_calls is False
