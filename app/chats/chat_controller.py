@@ -22,6 +22,7 @@ from .reply_sources import Placement, ReplySources
 from .tool_round import MAX_ROUNDS, ToolRound
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
+STOPPED_CALL = "not run: the reply was stopped"
 STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
 
 
@@ -200,7 +201,11 @@ class ChatController(QObject):
         for _round in range(MAX_ROUNDS):
             if not _asks_for_tools(stored):
                 return stored
-            await self.tool_round.run(conversation_id, stored)
+            try:
+                await self.tool_round.run(conversation_id, stored)
+            except asyncio.CancelledError:  # stopped while a call was asked about or ran: the rest never run
+                self.tool_round.give_up(self.conversations.message(stored.id), STOPPED_CALL)
+                raise
             stored = await self._reply(conversation_id, stored.id, None, chosen)
         if _asks_for_tools(stored):
             return self.tool_round.give_up(stored, f"not run: the reply already made {MAX_ROUNDS} rounds of tool "

@@ -120,3 +120,24 @@ def test_a_chat_on_a_remote_server_is_offered_no_tools(session, chat):
     session.sources.run_on(chat, RemoteChoice("some-server", "some-model"))
     assert session.controller.tools_for(chat) == []
     assert session.controller.sampling_for(chat).parse_tool_calls is False
+
+
+def test_stopping_while_a_call_is_asked_about_ends_it_not_run(qloop, session, store, chat):
+    import asyncio
+
+    asked, never = asyncio.Event(), asyncio.Event()
+
+    async def waiting(conversation_id, call):
+        asked.set()
+        await never.wait()
+
+    session.controller.tool_round.approve = waiting
+    session.bridge.tool_calls = [(ADD,)]
+    task = session.controller.send(chat, "What is 2 + 40?")
+    qloop.run_until_complete(asked.wait())
+    session.controller.stop(chat)
+    qloop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+    assert task.cancelled() and not session.controller.is_generating(chat)
+    asking = store.thread(chat)[-1]
+    assert [(c["status"], c["result"]) for c in asking.tool_calls] == [("failed", "not run: the reply was stopped")]
+    assert session.bridge.streams == 1
