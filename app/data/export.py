@@ -14,7 +14,7 @@ from .remote_store import RemoteChoice
 from .settings import SAMPLING_KEYS, sampling_problems
 from .store import Message, Status, Store
 from .thinking import THINK
-from .tool_calls import call_problem
+from .tool_calls import call_problem, details, summary
 
 FORMAT = "kvasir-conversation"
 FORMAT_VERSION = 1
@@ -48,10 +48,20 @@ def to_markdown(store: Store, conversation_id: int) -> str:
         lines += ["> **System:** " + conv.system_prompt.replace("\n", "\n> "), ""]
     for message in store.thread(conversation_id):
         who = "You" if message.role == "user" else f"Kvasir ({message.model or 'unknown model'})"
-        lines += [f"## {who}", "", *_reasoning_markdown(message), message.text, ""]
+        lines += [f"## {who}", "", *_reasoning_markdown(message), message.text, "", *_calls_markdown(message)]
         if message.status != Status.COMPLETE:
             lines += [f"*({message.status})*", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _calls_markdown(message: Message) -> list[str]:
+    """A reply's tool calls, each a closed ``<details>`` block: its summary line, then its arguments and result."""
+    lines = []
+    for call in message.tool_calls:
+        text = details(call).replace("</details>", "&lt;/details>")
+        lines += ["<details>", f"<summary>{html.escape(summary(call))}</summary>", "", "```", text, "```", "",
+                  "</details>", ""]
+    return lines
 
 
 def _reasoning_markdown(message: Message) -> list[str]:

@@ -33,3 +33,13 @@ def test_bad_calls_are_refused_by_name(store, calls, reason):
         from_json(store, json.dumps(data))
     assert reason in str(raised.value) and "message 1" in str(raised.value)
     assert len(store.conversations()) == before
+
+
+def test_markdown_shows_each_call_closed_with_its_arguments_and_result(store):
+    from app.data.export import to_markdown
+
+    conv = store.create_conversation("tools")
+    store.add_message(conv.id, "assistant", "Let me add.", tool_calls=[CALL])
+    assert to_markdown(store, conv.id).endswith(
+        "Let me add.\n\n<details>\n<summary>Tool call: add · done</summary>\n\n```\nArguments:\n{\n  \"a\": 2,\n"
+        "  \"b\": 40\n}\n\nResult:\n42\n```\n\n</details>\n")
