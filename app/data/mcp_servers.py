@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 TRANSPORTS = ("stdio", "http")
+CONNECT_TIMEOUT_S = 30.0  # a server that has not answered its first questions after this long is "not answering"
 DEFAULT_TOOL_TIMEOUT_S = 30.0  # a tool call that has not answered after this long ends with that reason
 MAX_TOOL_TIMEOUT_S = 3600.0
 

@@ -12,10 +12,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from ..data.mcp_servers import McpServer
+from ..data.mcp_servers import CONNECT_TIMEOUT_S, McpServer
 from .results import ToolOutcome, outcome_of
-
-CONNECT_TIMEOUT_S = 30.0  # a server that has not answered its first questions after this long is "not answering"
 
 
 class McpConnection:

@@ -8,8 +8,7 @@ import json
 
 from PySide6.QtCore import QObject, Signal
 
-from ..data.mcp_servers import DEFAULT_TOOL_TIMEOUT_S, McpServer
-from .connection import CONNECT_TIMEOUT_S, McpConnection
+from ..data.mcp_servers import CONNECT_TIMEOUT_S, DEFAULT_TOOL_TIMEOUT_S, McpServer
 from .results import ToolOutcome
 from .tool_names import OfferedTool, offered_tools
 
@@ -25,7 +24,7 @@ class McpToolbox(QObject):
         self.timeout_s = timeout_s
         self.connect_timeout_s = CONNECT_TIMEOUT_S
         self.statuses: dict[str, str] = {}
-        self._connections: dict[str, McpConnection] = {}
+        self._connections: dict = {}  # server name -> its McpConnection
         self._offered: dict[str, OfferedTool] = {}
 
     async def connect(self, servers: list[McpServer]) -> None:
@@ -70,6 +69,9 @@ class McpToolbox(QObject):
             connection.stop()
 
     async def _open(self, server: McpServer) -> None:
+        # the MCP SDK takes a second or more to import: only an app with a server enabled pays for it, on connecting
+        from .connection import McpConnection
+
         connection = McpConnection(server)
         try:
             await connection.open(self.connect_timeout_s)
