@@ -142,7 +142,7 @@ class ChatController(QObject):
     def prompt_for_model(self, conversation_id: int, next_user_text: str | None = None,
                          skipped: int | None = None) -> Chat:
         """What is sent for the next reply: :meth:`messages_for_model` with the chat's template options (its
-        "Think before answering" switch)."""
+        "Think before answering" switch) and the tools it offers (:meth:`tools_for`)."""
         options = template_options(self.conversations.get(conversation_id).settings)
         messages = self.messages_for_model(conversation_id, next_user_text, skipped)
         return Chat(messages, options, tools=self.tools_for(conversation_id))
@@ -260,7 +260,8 @@ class ChatController(QObject):
             metrics = so_far.stats()
             if placement.route is not None:
                 metrics["route"] = placement.route
-            calls = pending_calls(so_far.last.tool_calls) if so_far.last is not None else []
+            calls = [*(continuing.tool_calls if continuing is not None else []),  # a continued reply keeps its own
+                     *(pending_calls(so_far.last.tool_calls) if so_far.last is not None else [])]
             stored = self.conversations.finish_message(reply.id, text=so_far.text, reasoning=so_far.reasoning,
                                                        status=status, error=error, stats=metrics, tool_calls=calls)
             self.reply_finished.emit(conversation_id, stored)
