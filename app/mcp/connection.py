@@ -35,6 +35,8 @@ class McpConnection:
             await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
         except TimeoutError:
             await self.close()
+            if self._ready.done():
+                self._ready.exception()  # read: the time it took is the reason given, not the cancellation's
             raise ConnectionError(f"{self.server.name} did not answer within {timeout_s:g} s") from None
 
     async def call(self, tool: str, arguments: dict, timeout_s: float) -> ToolOutcome:
