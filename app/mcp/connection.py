@@ -8,7 +8,7 @@ import os
 from contextlib import AsyncExitStack
 
 import httpx2
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -71,7 +71,7 @@ class McpConnection:
                 read, write = await stack.enter_async_context(_transport(self.server, stack))
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await session.initialize()
-                self.tools = list((await session.list_tools()).tools)
+                self.tools = await _all_tools(session)
                 self._session = session
                 self._ready.set_result(None)
                 await self._closing.wait()
@@ -81,6 +81,21 @@ class McpConnection:
                 self._ready.set_exception(ConnectionError(_reason(exc)))
             if isinstance(exc, asyncio.CancelledError):
                 raise
+
+
+MAX_TOOL_PAGES = 100  # a server that keeps answering "there is more" is not listened to for ever
+
+
+async def _all_tools(session: ClientSession) -> list:
+    """Every tool the server lists, page after page."""
+    page = await session.list_tools()
+    tools = list(page.tools)
+    for _ in range(MAX_TOOL_PAGES):
+        if not page.next_cursor:
+            break
+        page = await session.list_tools(params=types.PaginatedRequestParams(cursor=page.next_cursor))
+        tools += page.tools
+    return tools
 
 
 def _transport(server: McpServer, stack: AsyncExitStack):

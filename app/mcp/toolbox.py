@@ -26,9 +26,14 @@ class McpToolbox(QObject):
         self.statuses: dict[str, str] = {}
         self._connections: dict = {}  # server name -> its McpConnection
         self._offered: dict[str, OfferedTool] = {}
+        self._connecting = asyncio.Lock()  # one (re)connection at a time: a second waits for the first, then redoes it
 
     async def connect(self, servers: list[McpServer]) -> None:
         """Close every connection, then open one to each enabled server of ``servers`` at once."""
+        async with self._connecting:
+            await self._connect(servers)
+
+    async def _connect(self, servers: list[McpServer]) -> None:
         await self.close()
         self.statuses = {s.name: "disabled" if not s.enabled else "connecting…" for s in servers}
         for name, status in self.statuses.items():
