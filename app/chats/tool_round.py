@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ..data.store import Message
-from ..data.tool_calls import ALLOWED, PENDING, REFUSED_TEXT, allowed
-from ..mcp.results import FAILED, REFUSED
+from ..data.tool_calls import ALLOWED, FAILED, PENDING, REFUSED, REFUSED_TEXT, allowed
 from ..mcp.toolbox import McpToolbox
 from .conversations import Conversations
 

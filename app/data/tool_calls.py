@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-PENDING = "pending"
+DONE, FAILED, REFUSED, PENDING = "done", "failed", "refused", "pending"  # how a call ended, or that it has not
 NOT_RUN = "the call was not run (the app stopped before it ended)"
 REFUSED_TEXT = "the user refused to run this tool"
 TOOLS = "tools"  # a chat's setting: True offers the MCP servers' tools to its model
@@ -33,7 +33,7 @@ def answer_of(call: dict) -> str:
     """What the model reads as a call's answer."""
     if call.get("status") == PENDING:
         return NOT_RUN
-    if call.get("status") == "done":
+    if call.get("status") == DONE:
         return call.get("result", "")
     return f"Error: {call.get('result', '')}"
 
@@ -57,7 +57,7 @@ def allowed(settings: dict) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-STATUS_WORDS = {"done": "done", "failed": "failed", "refused": "refused", PENDING: "not run yet"}
+STATUS_WORDS = {DONE: "done", FAILED: "failed", REFUSED: "refused", PENDING: "not run yet"}
 
 
 def summary(call: dict) -> str:
@@ -67,7 +67,7 @@ def summary(call: dict) -> str:
 
 def details(call: dict) -> str:
     """A call's arguments and its result (or why it has none), as the transcript shows it open."""
-    heading = "Result" if call.get("status") == "done" else "Reason"
+    heading = "Result" if call.get("status") == DONE else "Reason"
     result = call.get("result") or ("(waiting)" if call.get("status") == PENDING else "(empty)")
     return f"Arguments:\n{pretty_arguments(call.get('arguments', ''))}\n\n{heading}:\n{result}"
 

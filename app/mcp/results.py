@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DONE, FAILED, REFUSED = "done", "failed", "refused"
+from ..data.tool_calls import DONE, FAILED
 
 
 @dataclass(slots=True, frozen=True)
