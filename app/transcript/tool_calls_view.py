@@ -4,6 +4,7 @@ or Enter to show the call's arguments (pretty JSON) and its result or the reason
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
 from ..data.tool_calls import details, summary
@@ -30,6 +31,7 @@ class ToolCallLine(QWidget):
         self.text_view.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard)
         self.text_view.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Minimum)
         self.text_view.setAccessibleName("Tool call")
+        self.text_view.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))  # JSON lines up in columns
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
