@@ -15,10 +15,14 @@ from ..data.reasoning import SECONDS, TOKENS, Reasoning
 from ..data.settings import DEFAULTS
 from ..data.store import Message, Status, StoreWriteError
 from ..data.thinking import template_options
+from ..data.tool_calls import PENDING, pending_calls, tools_on, with_answers
+from ..mcp.toolbox import McpToolbox
 from .conversations import Conversations
 from .reply_sources import Placement, ReplySources
+from .tool_round import MAX_ROUNDS, ToolRound
 
 SAVE_INTERVAL_S = 1.0  # a streaming reply is written to disk this often, so a crash keeps most of it
+STOPPED_CALL = "not run: the reply was stopped"
 STATUS_OF = {"stop": Status.COMPLETE, "length": Status.COMPLETE, "abort": Status.STOPPED, "error": Status.ERROR}
 
 
@@ -52,9 +56,12 @@ class ChatController(QObject):
     reply_finished = Signal(int, object)  # conversation id, the stored Message
     reply_failed = Signal(int, str)  # conversation id, why no reply could be started (nothing was stored)
 
-    def __init__(self, conversations: Conversations, sources: ReplySources, parent=None) -> None:
+    def __init__(self, conversations: Conversations, sources: ReplySources, toolbox: McpToolbox | None = None,
+                 parent=None) -> None:
         super().__init__(parent)
         self.conversations, self.sources = conversations, sources
+        self.toolbox = toolbox if toolbox is not None else McpToolbox(parent=self)
+        self.tool_round = ToolRound(conversations, self.toolbox)  # the window gives it a way to ask the user
         self.tasks: dict[int, asyncio.Task] = {}
         self.request_owners: dict[str, int] = {}  # engine request id -> conversation id
         self._unfinished: dict[int, ReplySoFar] = {}  # reply id -> what has arrived of it
@@ -129,14 +136,22 @@ class ChatController(QObject):
         if next_user_text is not None:
             thread = [*thread, Message(0, conversation_id, None, "user", next_user_text, 0.0)]
         system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        return system + [_for_model(m) for m in thread if m.text or m.reasoning or m.role == "user"]
+        sent = [m for m in thread if m.text or m.reasoning or m.tool_calls or m.role == "user"]
+        return system + [message for m in sent for message in _for_model(m)]
 
     def prompt_for_model(self, conversation_id: int, next_user_text: str | None = None,
                          skipped: int | None = None) -> Chat:
         """What is sent for the next reply: :meth:`messages_for_model` with the chat's template options (its
-        "Think before answering" switch)."""
+        "Think before answering" switch) and the tools it offers (:meth:`tools_for`)."""
         options = template_options(self.conversations.get(conversation_id).settings)
-        return Chat(self.messages_for_model(conversation_id, next_user_text, skipped), options)
+        messages = self.messages_for_model(conversation_id, next_user_text, skipped)
+        return Chat(messages, options, tools=self.tools_for(conversation_id))
+
+    def tools_for(self, conversation_id: int) -> list[dict]:
+        """The tools a chat's model is offered: the MCP servers' where the chat's Use tools switch is on and its
+        model runs here."""
+        wanted = tools_on(self.conversations.get(conversation_id).settings)
+        return self.toolbox.tools() if wanted and self.sources.of(conversation_id).offers_tools else []
 
     def context_needed(self, conversation_id: int, next_user_text: str, count_tokens,
                        skipped: int | None = None) -> int:
@@ -159,7 +174,8 @@ class ChatController(QObject):
 
     def sampling_for(self, conversation_id: int) -> SamplingParams:
         settings = {**DEFAULTS["sampling"], **self.conversations.get(conversation_id).settings}
-        return SamplingParams(**{k: v for k, v in settings.items() if k in SamplingParams.__slots__})
+        chosen = {k: v for k, v in settings.items() if k in SamplingParams.__slots__}
+        return SamplingParams(**chosen, parse_tool_calls=bool(self.tools_for(conversation_id)))
 
     def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
                chosen: str | None = None) -> asyncio.Task:
@@ -180,6 +196,25 @@ class ChatController(QObject):
 
     async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
                         chosen: str | None = None) -> Message | None:
+        """A reply and, while it ends asking for tools, the calls and the next reply (at most MAX_ROUNDS)."""
+        stored = await self._reply(conversation_id, parent_id, continuing, chosen)
+        for _round in range(MAX_ROUNDS):
+            if not _asks_for_tools(stored):
+                return stored
+            try:
+                await self.tool_round.run(conversation_id, stored)
+            except asyncio.CancelledError:  # stopped while a call was asked about or ran: the rest never run
+                self.tool_round.give_up(self.conversations.message(stored.id), STOPPED_CALL)
+                raise
+            stored = await self._reply(conversation_id, stored.id, None, chosen)
+        if _asks_for_tools(stored):
+            return self.tool_round.give_up(stored, f"not run: the reply already made {MAX_ROUNDS} rounds of tool "
+                                                   "calls")
+        return stored
+
+    async def _reply(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
+                     chosen: str | None = None) -> Message | None:
+        """One reply, streamed into the store; its tool calls are stored with it, not run."""
         prompt = self.prompt_for_model(conversation_id)  # a continued reply is its last message
         source = self.sources.of(conversation_id)
         earlier_route = continuing.stats.get("route") if continuing is not None else None
@@ -225,8 +260,10 @@ class ChatController(QObject):
             metrics = so_far.stats()
             if placement.route is not None:
                 metrics["route"] = placement.route
+            calls = [*(continuing.tool_calls if continuing is not None else []),  # a continued reply keeps its own
+                     *(pending_calls(so_far.last.tool_calls) if so_far.last is not None else [])]
             stored = self.conversations.finish_message(reply.id, text=so_far.text, reasoning=so_far.reasoning,
-                                                       status=status, error=error, stats=metrics)
+                                                       status=status, error=error, stats=metrics, tool_calls=calls)
             self.reply_finished.emit(conversation_id, stored)
         return stored
 
@@ -262,12 +299,19 @@ def _seconds_thought(out, earlier: dict) -> float | None:
     return sum(parts) if parts else None
 
 
-def _for_model(message: Message) -> dict:
-    """A stored message as the model's chat template reads it."""
+def _for_model(message: Message) -> list[dict]:
+    """A stored message as the model's chat template reads it (a reply's tool calls with it, and their answers
+    after it)."""
     sent = {"role": message.role, "content": message.text}
     if message.role == "assistant" and message.reasoning:
         sent["reasoning_content"] = message.reasoning
-    return sent
+    return with_answers(sent, message.tool_calls if message.role == "assistant" else [])
+
+
+def _asks_for_tools(reply: Message | None) -> bool:
+    """Whether a stored reply ended whole with calls still to run."""
+    return reply is not None and reply.status == Status.COMPLETE and \
+        any(call.get("status") == PENDING for call in reply.tool_calls)
 
 
 def _offset(text: str, last) -> int:

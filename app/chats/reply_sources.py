@@ -61,6 +61,7 @@ class LocalSource:
 
     remote: RemoteChoice | None = None
     checks_own_context = False  # the app counts the tokens and asks before the context overflows
+    offers_tools = True  # the engine lays the MCP tools out for the model and parses its calls
 
     def __init__(self, bridge: ChatEngine, wanted: LocalModel | str | None = None,
                  router: Router | None = None) -> None:
@@ -124,6 +125,7 @@ class RemoteSource:
     """A model on an OpenAI-compatible server."""
 
     checks_own_context = True  # the server refuses what does not fit, in its own words
+    offers_tools = False  # the tools are not sent to servers (yet): their calls would not be parsed here
     routed = False
     ready = True  # a request that cannot reach it ends with the server's error on the reply
 

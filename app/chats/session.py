@@ -15,6 +15,7 @@ from engine import ModelLibrary
 from engine.routing.evaluation import RouteEvaluation, TaskSet, evaluate, load_saved, save
 from engine.routing.router import Router, Routes
 
+from ..data.mcp_servers import servers_of, tool_timeout_s
 from ..data.personas import Personas
 from ..data.remote_store import RemoteServerStore
 from ..data.settings import Settings, idle_unload_s, load_presets, routes_of
@@ -23,6 +24,7 @@ from ..engines.bridge import ChatEngine
 from ..engines.local_api import LocalApi
 from ..engines.remote_engines import RemoteEngines
 from ..engines.token_counter import TokenCounter
+from ..mcp.toolbox import McpToolbox
 from .chat_controller import ChatController
 from .conversation_actions import ConversationActions
 from .conversations import Conversations
@@ -46,7 +48,8 @@ class ChatSession(QObject):
         evaluated = load_saved()  # rules with min_score read the latest eval-route
         self.router = Router(routes_of(self.settings), evaluated.scores() if evaluated else None)
         self.sources = ReplySources(self.conversations, bridge, self.remote, self.router)
-        self.controller = ChatController(self.conversations, self.sources, self)
+        self.tools = McpToolbox(tool_timeout_s(self.settings), self)
+        self.controller = ChatController(self.conversations, self.sources, self.tools, self)
         self.actions = ConversationActions(self.conversations, self.controller, self.settings, self.personas, self)
         self.tokens = TokenCounter(bridge.count_tokens)
         self.local_api = LocalApi(lambda: getattr(bridge, "engine", None), self)  # the bridge's own engine
@@ -78,6 +81,13 @@ class ChatSession(QObject):
         self.local_api.apply(self.settings["api"])
         self.actions.open_first()
         self.remote.refresh_all()
+        self.connect_tools()
+
+    def connect_tools(self) -> asyncio.Task:
+        """(Re)connect to the MCP servers in the settings; their tools are offered to chats once listed."""
+        self.tools.timeout_s = tool_timeout_s(self.settings)
+        self.tools_connecting = asyncio.ensure_future(self.tools.connect(servers_of(self.settings)))
+        return self.tools_connecting
 
     def shutdown(self) -> None:
         """Stop every reply being written (their text so far kept), the local API and the remote clients."""
@@ -86,3 +96,4 @@ class ChatSession(QObject):
         self.controller.keep_unfinished_now()
         self.local_api.shutdown()
         self.remote.shutdown()
+        self.tools.shutdown()

@@ -14,6 +14,7 @@ from .remote_store import RemoteChoice
 from .settings import SAMPLING_KEYS, sampling_problems
 from .store import Message, Status, Store
 from .thinking import THINK
+from .tool_calls import call_problem, details, summary
 
 FORMAT = "kvasir-conversation"
 FORMAT_VERSION = 1
@@ -27,6 +28,7 @@ MESSAGE_KEYS = {  # key: (types allowed, required)
     "created": ((int, float), True), "model": ((str, type(None)), False),
     "quantization": ((str, type(None)), False), "stats": ((dict, type(None)), False),
     "status": ((str,), False), "error": ((str, type(None)), False), "reasoning": ((str,), False),
+    "tool_calls": ((list,), False),
 }
 CONVERSATION_KEYS = {
     "title": ((str, type(None)), False), "system_prompt": ((str,), False), "preset": ((str, type(None)), False),
@@ -46,10 +48,20 @@ def to_markdown(store: Store, conversation_id: int) -> str:
         lines += ["> **System:** " + conv.system_prompt.replace("\n", "\n> "), ""]
     for message in store.thread(conversation_id):
         who = "You" if message.role == "user" else f"Kvasir ({message.model or 'unknown model'})"
-        lines += [f"## {who}", "", *_reasoning_markdown(message), message.text, ""]
+        lines += [f"## {who}", "", *_reasoning_markdown(message), message.text, "", *_calls_markdown(message)]
         if message.status != Status.COMPLETE:
             lines += [f"*({message.status})*", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _calls_markdown(message: Message) -> list[str]:
+    """A reply's tool calls, each a closed ``<details>`` block: its summary line, then its arguments and result."""
+    lines = []
+    for call in message.tool_calls:
+        text = details(call).replace("</details>", "&lt;/details>")
+        lines += ["<details>", f"<summary>{html.escape(summary(call))}</summary>", "", "```", text, "```", "",
+                  "</details>", ""]
+    return lines
 
 
 def _reasoning_markdown(message: Message) -> list[str]:
@@ -73,7 +85,8 @@ def to_json(store: Store, conversation_id: int) -> str:
                          "settings": conv.settings, "head": conv.head_id},
         "messages": [{"id": m.id, "parent": m.parent_id, "role": m.role, "text": m.text, "created": m.created,
                       "model": m.model, "quantization": m.quantization, "stats": m.stats, "status": m.status,
-                      "error": m.error, **({"reasoning": m.reasoning} if m.reasoning else {})} for m in messages],
+                      "error": m.error, **({"reasoning": m.reasoning} if m.reasoning else {}),
+                      **({"tool_calls": m.tool_calls} if m.tool_calls else {})} for m in messages],
     }, indent=2, ensure_ascii=False)
 
 
@@ -93,7 +106,7 @@ def from_json(store: Store, text: str) -> int:
             stored = store.add_message(conv.id, m["role"], m["text"], parent_id=parent, model=m.get("model"),
                                        quantization=m.get("quantization"), stats=m.get("stats") or {},
                                        status=m.get("status", Status.COMPLETE), error=m.get("error"),
-                                       reasoning=m.get("reasoning", ""))
+                                       reasoning=m.get("reasoning", ""), tool_calls=m.get("tool_calls", []))
             new_ids[m["id"]] = stored.id
         head = new_ids.get(meta.get("head"))
         if head is not None:
@@ -143,7 +156,8 @@ def _check_fields(where: str, value, spec: dict) -> None:
 
 
 def _names(types: tuple) -> str:
-    words = {int: "an integer", float: "a number", str: "text", dict: "an object", type(None): "null"}
+    words = {int: "an integer", float: "a number", str: "text", dict: "an object", list: "a list",
+             type(None): "null"}
     return " or ".join(words[t] for t in types)
 
 
@@ -174,6 +188,9 @@ def _check_message(index: int, message) -> None:
         raise ConversationImportError(f"{where}: unknown status {message['status']!r}")
     if not math.isfinite(message["created"]):
         raise ConversationImportError(f"{where}: 'created' is not a finite number")
+    problem = call_problem(message.get("tool_calls", []))
+    if problem is not None:
+        raise ConversationImportError(f"{where}: {problem}")
     for key, value in (message.get("stats") or {}).items():
         if key == "finish_reason":
             if value not in FINISH_REASONS:

@@ -20,6 +20,8 @@ from engine import (
 from engine.models.draft_candidates import DRAFT_QUANTIZATION
 from engine.routing.router import Routes
 
+from .mcp_servers import DEFAULT_TOOL_TIMEOUT_S, MAX_TOOL_TIMEOUT_S, valid_servers
+
 log = logging.getLogger(__name__)
 
 # what a chat's settings may set, in the order the dialogs show them
@@ -48,6 +50,9 @@ DEFAULTS = {
     "routes": None,
     # The local OpenAI-compatible endpoint: off until the user turns it on in Preferences.
     "api": {"enabled": False, "host": DEFAULT_API_HOST, "port": DEFAULT_API_PORT, "api_key": ""},
+    # MCP servers whose tools chats may call (app.data.mcp_servers.McpServer.to_dict), and how long a call may take
+    "mcp_servers": [],
+    "tool_timeout_s": DEFAULT_TOOL_TIMEOUT_S,
 }
 API_CHECKS = {
     "enabled": lambda v: isinstance(v, bool),
@@ -147,6 +152,8 @@ class Settings:
                 self.values["sampling"].update(valid_sampling(known))
             elif key == "api" and isinstance(value, dict):
                 self.values["api"].update(self._valid_api(value))
+            elif key == "mcp_servers":
+                self.values["mcp_servers"] = valid_servers(value)
             elif key == "routes":
                 self.values["routes"] = self._valid_routes(value)
             elif key in DEFAULTS and _valid_value(key, value):
@@ -286,6 +293,8 @@ def _valid_value(key: str, value) -> bool:
         return type(value) is int and 0 <= value <= MAX_IDLE_MINUTES
     if key == "kv_cache_dtype":
         return value in KV_CACHE_DTYPES
+    if key == "tool_timeout_s":
+        return type(value) in (int, float) and 0 < value <= MAX_TOOL_TIMEOUT_S
     if key in ("kv_disk_cache", "highlight_drafts"):
         return isinstance(value, bool)
     if key == "speculation":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE conversations (
@@ -59,6 +59,9 @@ MIGRATIONS: dict[int, str] = {
     3: """
     ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
     """,
+    4: """
+    ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '[]';
+    """,
 }
 
 
@@ -72,7 +75,7 @@ class Status(StrEnum):
 
 
 CONVERSATION_FIELDS = {"title", "pinned", "system_prompt", "preset", "settings", "head_id", "updated"}
-MESSAGE_FIELDS = {"text", "reasoning", "stats", "status", "error", "model", "quantization"}
+MESSAGE_FIELDS = {"text", "reasoning", "stats", "status", "error", "model", "quantization", "tool_calls"}
 
 
 @dataclass(slots=True)
@@ -89,6 +92,7 @@ class Message:
     status: str = Status.COMPLETE
     error: str | None = None
     reasoning: str = ""  # what a thinking model wrote before its answer (``text`` is the answer alone)
+    tool_calls: list = field(default_factory=list)  # a reply's tool calls and how each ended (data.tool_calls)
 
 
 @dataclass(slots=True)
@@ -197,10 +201,10 @@ class Store:
         with self.transaction():
             cursor = self._db.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, text, created, model, quantization, stats,"
-                " status, error, reasoning) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " status, error, reasoning, tool_calls) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (conversation_id, parent_id, role, text, now, extra.get("model"), extra.get("quantization"),
                  json.dumps(extra.get("stats", {})), extra.get("status", Status.COMPLETE), extra.get("error"),
-                 extra.get("reasoning", "")),
+                 extra.get("reasoning", ""), json.dumps(extra.get("tool_calls", []))),
             )
             self._db.execute("UPDATE conversations SET head_id = ?, updated = ? WHERE id = ?",
                              (cursor.lastrowid, now, conversation_id))
@@ -300,10 +304,10 @@ class Store:
     # -- internals ----------------------------------------------------------------------------------
 
     def _update(self, table: str, allowed: set[str], row_id: int, fields: dict) -> None:
-        """Set ``fields`` (names checked against ``allowed``; dicts stored as JSON) on one row of ``table``."""
+        """Set ``fields`` (names checked against ``allowed``; dicts and lists as JSON) on one row of ``table``."""
         if not fields.keys() <= allowed:
             raise ValueError(f"unknown fields: {sorted(fields.keys() - allowed)}")
-        values = [json.dumps(v) if isinstance(v, dict) else v for v in fields.values()]
+        values = [json.dumps(v) if isinstance(v, dict | list) else v for v in fields.values()]
         assignments = ", ".join(f"{key} = ?" for key in fields)
         with self.transaction():
             self._db.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values, row_id))
@@ -395,4 +399,4 @@ def _conversation(row: sqlite3.Row) -> Conversation:
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["conversation_id"], row["parent_id"], row["role"], row["text"], row["created"],
                    row["model"], row["quantization"], json.loads(row["stats"]), row["status"], row["error"],
-                   row["reasoning"])
+                   row["reasoning"], json.loads(row["tool_calls"]))

@@ -1,5 +1,5 @@
 """Preferences: the defaults new chats start with, the theme, the text size, the engine's CPU use, the KV cache's
-format and the local API."""
+format, the local API and the MCP servers."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from PySide6.QtWidgets import (
 from engine import ApiConfig, ApiConfigError
 
 from ..data.settings import DEFAULTS, MAX_IDLE_MINUTES, TEXT_SCALES, Preset
+from ..mcp.toolbox import McpToolbox
 from .kv_cache_form import KVCacheForm
+from .mcp_servers_form import McpServersForm
 from .sampling_form import SamplingForm, int_box, stack_with_ok_cancel
 
 
@@ -163,7 +165,8 @@ class PreferencesDialog(QDialog):
 
     def __init__(self, presets: list[Preset], values: dict, parent=None, api_status: str = "",
                  check_kv: Callable[[], Future | None] | None = None,
-                 clear_disk: Callable[[], Future | None] | None = None) -> None:
+                 clear_disk: Callable[[], Future | None] | None = None,
+                 tools: McpToolbox | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Preferences")
         self.theme = QComboBox()
@@ -188,8 +191,9 @@ class PreferencesDialog(QDialog):
         self.models = ModelsForm(values)
         self.kv_cache = KVCacheForm(values, check_kv, clear_disk)
         self.api = ApiForm(values.get("api", {}), api_status)
+        self.mcp = McpServersForm(values, tools)
         stack_with_ok_cancel(self, general, self.sampling, self.cpu, self.speculation, self.models, self.kv_cache,
-                            self.api)
+                            self.api, self.mcp)
 
     def accept(self) -> None:
         if self.sampling.accept_or_explain() and self.api.accept_or_explain():
@@ -199,4 +203,4 @@ class PreferencesDialog(QDialog):
         return {"theme": self.theme.currentText(), "text_scale": self.text_scale.value(),
                 "preset": self.preset.currentText(), "sampling": self.sampling.values(), **self.cpu.values(),
                 **self.speculation.values(), **self.models.values(), **self.kv_cache.values(),
-                "api": self.api.values()}
+                "api": self.api.values(), **self.mcp.values()}

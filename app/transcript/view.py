@@ -41,6 +41,7 @@ from .blocks import CodeBlock, PlainBlock, TextBlock, block_class
 from .markdown import MarkdownRenderer, PlainSegment, Segment
 from .reasoning import ReasoningBlock
 from .render_worker import SYNC_RENDER_CHARS, RenderWorker
+from .tool_calls_view import ToolCallsBlock
 
 RENDER_INTERVAL_MS = 50  # at most 20 redraws a second of the streaming reply
 PLAIN_LABEL_CHARS = 20_000  # a longer message of the user's shows in a scrolled box (a label lays it out slowly)
@@ -145,6 +146,7 @@ class MessageWidget(QFrame):
         self.setAccessibleName("Your message" if message.role == "user" else "Reply")
         self.header = QLabel()
         self.reasoning = ReasoningBlock()
+        self.tool_calls = ToolCallsBlock()
         self.body = QVBoxLayout()
         self.body.setSpacing(6)
         self.footer = QLabel()
@@ -164,6 +166,7 @@ class MessageWidget(QFrame):
         layout.addWidget(self.header)
         layout.addWidget(self.reasoning)
         layout.addLayout(self.body)
+        layout.addWidget(self.tool_calls)
         layout.addWidget(self.footer)
         layout.addWidget(self.actions_row)
         self._segments: list[QWidget] = []
@@ -179,7 +182,8 @@ class MessageWidget(QFrame):
         shown = self.view.shown_text(message, text)
         reasoning = self.view.reasoning_of(message)
         key = (message.text, message.status, message.error, tuple(sorted(message.stats.items())), live, version,
-               last, shown if live or shown is not text else None, self.view.renderer.dark, reasoning)
+               last, shown if live or shown is not text else None, self.view.renderer.dark, reasoning,
+               repr(message.tool_calls))
         if key == self.key:
             return
         self.key, self.message = key, message
@@ -188,6 +192,7 @@ class MessageWidget(QFrame):
         self.header.setText(f'<b style="color:{color};">{html.escape(who)}</b>')
         self.reasoning.show_reasoning(reasoning)
         self.show_text(shown)
+        self.tool_calls.show_calls(message.tool_calls)
         self._show_footer(message, live)
         self._show_buttons(message, live, version, last)
 
@@ -309,6 +314,7 @@ class MessageWidget(QFrame):
         found: list[QWidget] = self.reasoning.focusables()
         for widget in self._segments:
             found += widget.focusables()
+        found += self.tool_calls.focusables()
         items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
         return found + [w for w in items if isinstance(w, QToolButton)]
 
@@ -319,7 +325,7 @@ class MessageWidget(QFrame):
     def plain_text(self) -> str:
         pieces = [QTextDocumentFragment.fromHtml(self.header.text()).toPlainText(), self.reasoning.plain_text()]
         pieces += [widget.plain_text() for widget in self._segments]
-        pieces.append(self.footer.text())
+        pieces += [self.tool_calls.plain_text(), self.footer.text()]
         items = (self.buttons.itemAt(i).widget() for i in range(self.buttons.count()))
         pieces.append(" ".join(w.text() for w in items if w is not None))
         return "\n".join(p for p in pieces if p)

@@ -21,6 +21,7 @@ from ..transcript.view import ChatView, MessageAction, finished_announcement
 from .composer import Composer
 from .engine_banner import EngineBanner
 from .thinking_switch import ThinkingSwitch
+from .tools_switch import ToolsSwitch
 
 
 class ChatPane(QWidget):
@@ -35,6 +36,7 @@ class ChatPane(QWidget):
         self.persona_button.setToolTip("Chat settings: persona and sampling")
         self.persona_button.setAccessibleName("Chat settings: persona and sampling")
         self.thinking = ThinkingSwitch(session)
+        self.tools = ToolsSwitch(session)
         self.banner = EngineBanner()
         self.chat = ChatView()
         self.chat.set_model(transcript)
@@ -49,6 +51,7 @@ class ChatPane(QWidget):
         header.setContentsMargins(6, 4, 6, 0)
         header.addWidget(self.persona_button)
         header.addStretch(1)
+        header.addWidget(self.tools)
         header.addWidget(self.thinking)
         layout.addLayout(header)
         layout.addWidget(self.banner)

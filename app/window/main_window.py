@@ -45,6 +45,7 @@ from .model_bar import ModelBar
 from .model_switch import ModelSwitch
 from .reply_dialogs import ReplyDialogs
 from .sidebar import ChatAction, ConversationSidebar
+from .tool_approval import ToolApproval
 
 
 class MainWindow(QMainWindow):
@@ -60,6 +61,7 @@ class MainWindow(QMainWindow):
         self.sources, self.controller, self.actions = session.sources, session.controller, session.actions
         self.local_api = session.local_api
         self.flow = ReplyFlow(session, dialogs=ReplyDialogs(self), parent=self)
+        session.controller.tool_round.approve = ToolApproval(self)
         self.meter = ContextMeter(session, self)
         self.transcript = Transcript(session, self)
         self._build()
@@ -154,6 +156,8 @@ class MainWindow(QMainWindow):
         self.undo_button.clicked.connect(self.actions.undo_delete)
         self.conversations.conversation_changed.connect(self._chat_changed)
         self.flow.notice.connect(lambda text, ms: self.statusBar().showMessage(text, ms))
+        self.session.tools.status_changed.connect(
+            lambda name, status: self.statusBar().showMessage(f"MCP server {name}: {status}", 8000))
         self.banner.choose_model_requested.connect(self.open_model_manager)
         self.model_bar.panel_button.toggled.connect(self.side.setVisible)
 
@@ -178,9 +182,10 @@ class MainWindow(QMainWindow):
     def edit_preferences(self) -> None:
         dialog = PreferencesDialog(self.personas.all(), self.settings.values, self,
                                    api_status=self.local_api.status(), check_kv=self.bridge.check_kv_formats,
-                                   clear_disk=self.bridge.clear_disk_cache)
+                                   clear_disk=self.bridge.clear_disk_cache, tools=self.session.tools)
         if not dialog.exec():
             return
+        tools_before = (self.settings["mcp_servers"], self.settings["tool_timeout_s"])
         api_before, cpu_before = dict(self.settings["api"]), engine_cpu_options(self.settings)
         speculation_before = self.settings["speculation"]
         load_before = {key: self.settings[key] for key in LOAD_SETTINGS}
@@ -200,6 +205,8 @@ class MainWindow(QMainWindow):
             self.switcher.reload(dataclasses.replace(config, **load_after))
         self.apply_theme(self.settings["theme"])
         self.set_text_scale(self.settings["text_scale"], save=False)
+        if (self.settings["mcp_servers"], self.settings["tool_timeout_s"]) != tools_before:
+            self.session.connect_tools()
         if self.settings["api"] != api_before or self.local_api.error:
             problem = self.local_api.apply(self.settings["api"])
             if problem:

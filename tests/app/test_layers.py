@@ -6,7 +6,7 @@ from tests.helpers.import_graph import cycles, import_graph
 LAYERS = [  # lowest first; packages in one layer don't import each other
     {"app.version", "app.resources", "app.units", "app.theme", "app.rich_text"},
     {"app.data"},
-    {"app.engines"},
+    {"app.engines", "app.mcp"},
     {"app.chats"},
     {"app.transcript", "app.panel", "app.dialogs"},
     {"app.window"},

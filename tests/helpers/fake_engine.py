@@ -30,6 +30,9 @@ class FakeBridge(QObject):
     hold a stream mid-way. With ``thoughts``, a thinking model's reply: those words first, one per tick, as its
     reasoning (``delta_reasoning``), then the answer's words.
 
+    ``tool_calls``: the calls (engine ``ToolCall``s) each reply in turn ends with, one tuple a reply (replies past
+    the list call nothing).
+
     ``fail(reason)`` makes the engine die as the real one can; ``fail_load(reason)`` makes a load fail."""
 
     load_progress = Signal(float, str)
@@ -40,8 +43,9 @@ class FakeBridge(QObject):
     engine_failed = Signal(str)
 
     def __init__(self, words=WORDS, finish_reason="stop", kept_words: frozenset[int] = frozenset(),
-                 thoughts=()) -> None:
+                 thoughts=(), tool_calls=()) -> None:
         super().__init__()
+        self.tool_calls = [tuple(calls) for calls in tool_calls]
         self.words, self.finish_reason = list(words), finish_reason
         self.thoughts = list(thoughts)
         self.kept_words = kept_words  # the words that came from kept drafts (RequestOutput.kept_draft_spans)
@@ -176,10 +180,11 @@ class FakeBridge(QObject):
             raise EngineDeadError(self.failure)
         self.prompts.append(messages)
         self.requests.append(list(messages.messages) if isinstance(messages, Chat) else messages)
+        calls = self.tool_calls[self.streams] if self.streams < len(self.tool_calls) else ()
         self.streams += 1
-        return FakeStream(f"fake-{self.streams}", self._stream())
+        return FakeStream(f"fake-{self.streams}", self._stream(calls))
 
-    async def _stream(self):
+    async def _stream(self, calls=()):
         text, spans, reasoning = "", [], ""
         pieces = [("thought", word) for word in self.thoughts] + [("word", word) for word in self.words]
         for i, (kind, word) in enumerate(pieces):
@@ -197,7 +202,7 @@ class FakeBridge(QObject):
                 spans.append((len(text) - len(word), len(text)))
             last = i == len(pieces) - 1
             yield _output(text, i + 1, self.finish_reason if last else None, tuple(spans), reasoning,
-                          len(self.thoughts) if kind == "word" else i + 1)
+                          len(self.thoughts) if kind == "word" else i + 1, calls if last else ())
 
 
 class FakeStream:
@@ -215,7 +220,7 @@ THOUGHT_S = 0.1  # seconds a fake reply's reasoning takes, a thought
 
 
 def _output(text: str, n: int, reason: str | None, kept_draft_spans=(), reasoning: str = "",
-            thought_tokens: int = 0) -> RequestOutput:
+            thought_tokens: int = 0, tool_calls=()) -> RequestOutput:
     metrics = RequestMetrics(queue_time_s=0.001, ttft_s=0.05, prompt_tokens=40, cached_prompt_tokens=32,
                              output_tokens=n, decode_tokens_per_s=25.0 if n > 1 else None,
                              reasoning_tokens=thought_tokens,
@@ -223,4 +228,4 @@ def _output(text: str, n: int, reason: str | None, kept_draft_spans=(), reasonin
     delta_text = text.split(" ")[-1] if n > thought_tokens else ""
     delta_reasoning = reasoning.split(" ")[-1] if n <= thought_tokens else ""
     return RequestOutput("fake", text, list(range(n)), delta_text, [n], reason is not None, reason, None,
-                         metrics, kept_draft_spans, reasoning, delta_reasoning)
+                         metrics, kept_draft_spans, reasoning, delta_reasoning, tuple(tool_calls), tuple(tool_calls))

@@ -261,7 +261,7 @@ def test_a_database_from_before_reasoning_gains_the_column_and_keeps_its_message
     db.commit()
     db.close()
     upgraded = Store(path)
-    assert upgraded.schema_version == SCHEMA_VERSION == 3
+    assert upgraded.schema_version == SCHEMA_VERSION == 4
     old = upgraded.message(1)
     assert (old.text, old.reasoning) == ("hi", "")
     assert upgraded.update_message(1, reasoning="I thought about it").reasoning == "I thought about it"
@@ -280,3 +280,29 @@ def test_a_replys_reasoning_is_stored_and_read_back(tmp_path):
     assert (kept.id, kept.text, kept.reasoning) == (reply.id, "Paris.", "France's capital is Paris.")
     assert (kept.stats["reasoning_tokens"], kept.stats["reasoning_s"]) == (7, 0.4)
     again.close()
+
+
+def test_a_database_from_before_tool_calls_gains_the_column_and_keeps_its_messages(tmp_path):
+    import sqlite3
+
+    from app.data.store import MIGRATIONS, split_statements
+
+    path = tmp_path / "schema3.db"
+    db = sqlite3.connect(path)
+    for version in (1, 2, 3):  # the file as Kvasir wrote it before replies kept their tool calls
+        for statement in split_statements(MIGRATIONS[version]):
+            db.execute(statement)
+    db.execute("INSERT INTO conversations (id, title, created, updated) VALUES (1, 'old', 0, 0)")
+    db.execute("INSERT INTO messages (id, conversation_id, role, text, created, reasoning)"
+               " VALUES (1, 1, 'assistant', 'hi', 0, 'hm')")
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    upgraded = Store(path)
+    assert upgraded.schema_version == SCHEMA_VERSION == 4
+    old = upgraded.message(1)
+    assert (old.text, old.reasoning, old.tool_calls) == ("hi", "hm", [])
+    call = {"id": "call_1", "name": "add", "arguments": '{"a": 1}', "status": "done", "result": "1"}
+    assert upgraded.update_message(1, tool_calls=[call]).tool_calls == [call]
+    upgraded.close()
+    assert Store(path).message(1).tool_calls == [call]
