@@ -15,7 +15,7 @@ from ..data.reasoning import SECONDS, TOKENS, Reasoning
 from ..data.settings import DEFAULTS
 from ..data.store import Message, Status, StoreWriteError
 from ..data.thinking import template_options
-from ..data.tool_calls import PENDING, pending_calls, tools_on, with_answers
+from ..data.tool_calls import AUTO, PENDING, REQUIRED, pending_calls, tool_choice, tools_on, with_answers
 from ..mcp.toolbox import McpToolbox
 from .conversations import Conversations
 from .reply_sources import Placement, ReplySources
@@ -177,6 +177,18 @@ class ChatController(QObject):
         chosen = {k: v for k, v in settings.items() if k in SamplingParams.__slots__}
         return SamplingParams(**chosen, parse_tool_calls=bool(self.tools_for(conversation_id)))
 
+    def _forced_call(self, conversation_id: int, sampling: SamplingParams, source, placement: Placement
+                     ) -> SamplingParams:
+        """``sampling`` held to one call of a tool where the chat's tool choice forces one (any offered tool, or
+        the one it names), in the tool-call format of the model the reply goes to."""
+        tools = self.tools_for(conversation_id)
+        names = [tool["function"]["name"] for tool in tools]
+        choice = tool_choice(self.conversations.get(conversation_id).settings, names)
+        if not tools or choice == AUTO:
+            return sampling
+        structure = source.forced_call(tools, None if choice == REQUIRED else choice, placement)
+        return dataclasses.replace(sampling, structure=structure)
+
     def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
                chosen: str | None = None) -> asyncio.Task:
         task = asyncio.ensure_future(self._generate(conversation_id, parent_id, continuing, chosen))
@@ -197,7 +209,7 @@ class ChatController(QObject):
     async def _generate(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
                         chosen: str | None = None) -> Message | None:
         """A reply and, while it ends asking for tools, the calls and the next reply (at most MAX_ROUNDS)."""
-        stored = await self._reply(conversation_id, parent_id, continuing, chosen)
+        stored = await self._reply(conversation_id, parent_id, continuing, chosen, first=continuing is None)
         for _round in range(MAX_ROUNDS):
             if not _asks_for_tools(stored):
                 return stored
@@ -213,8 +225,9 @@ class ChatController(QObject):
         return stored
 
     async def _reply(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
-                     chosen: str | None = None) -> Message | None:
-        """One reply, streamed into the store; its tool calls are stored with it, not run."""
+                     chosen: str | None = None, first: bool = False) -> Message | None:
+        """One reply, streamed into the store; its tool calls are stored with it, not run. ``first``: the reply to
+        the user's message (the one the chat's tool choice can hold to a call)."""
         prompt = self.prompt_for_model(conversation_id)  # a continued reply is its last message
         source = self.sources.of(conversation_id)
         earlier_route = continuing.stats.get("route") if continuing is not None else None
@@ -237,6 +250,8 @@ class ChatController(QObject):
             if refused is not None:
                 raise refused
             sampling = self.sampling_for(conversation_id)
+            if first:
+                sampling = self._forced_call(conversation_id, sampling, source, placement)
             stream = source.stream(prompt, sampling, placement)
             self.request_owners[stream.request_id] = conversation_id
             async for out in stream:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import Chat, SamplingParams
+from engine import Chat, SamplingParams, Structure
 from engine.routing.router import AUTO, Request, Router
 
 from ..data.remote_store import SETTING, RemoteChoice, choice_of
@@ -119,6 +119,10 @@ class LocalSource:
     def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement):
         """The reply to ``prompt``, its template options and earlier reasoning given to the model's template."""
         return self.bridge.stream(prompt, sampling, placement.model)
+
+    def forced_call(self, tools: list[dict], name: str | None, placement: Placement) -> Structure:
+        """The form of a reply that calls ``name`` (None: any of ``tools``), in the placed model's format."""
+        return self.bridge.forced_call(tools, name, placement.model)
 
 
 class RemoteSource:

@@ -12,6 +12,10 @@ NOT_RUN = "the call was not run (the app stopped before it ended)"
 REFUSED_TEXT = "the user refused to run this tool"
 TOOLS = "tools"  # a chat's setting: True offers the MCP servers' tools to its model
 ALLOWED = "allowed_tools"  # a chat's setting: the tools the user let run without asking
+# a chat's setting: which tool the first reply to each message must call: absent or "auto" (the model decides),
+# "required" (any offered tool) or a tool's name; later replies of the same turn decide for themselves
+TOOL_CHOICE = "tool_choice"
+AUTO, REQUIRED = "auto", "required"
 
 
 def pending_calls(tool_calls) -> list[dict]:
@@ -49,6 +53,13 @@ def pretty_arguments(arguments: str) -> str:
 def tools_on(settings: dict) -> bool:
     """Whether a chat with ``settings`` offers the MCP tools to its model."""
     return settings.get(TOOLS) is True
+
+
+def tool_choice(settings: dict, offered: list[str]) -> str:
+    """A chat's tool choice among the ``offered`` tool names: ``AUTO``, ``REQUIRED`` or one of ``offered`` (a
+    tool no server offers any more counts as ``AUTO``)."""
+    value = settings.get(TOOL_CHOICE)
+    return value if value == REQUIRED or value in offered else AUTO
 
 
 def allowed(settings: dict) -> list[str]:

@@ -15,7 +15,16 @@ from typing import Protocol
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
-from engine import AsyncEngine, Chat, EngineConfig, EngineStats, RequestOutput, SamplingParams, check_kv_formats
+from engine import (
+    AsyncEngine,
+    Chat,
+    EngineConfig,
+    EngineStats,
+    RequestOutput,
+    SamplingParams,
+    Structure,
+    check_kv_formats,
+)
 from engine.serving.resident import room_for
 
 STATS_INTERVAL_MS = 250
@@ -81,6 +90,8 @@ class ChatEngine(Protocol):
                model: str | None = None) -> ReplyStream: ...
 
     def count_tokens(self, messages: list[dict] | Chat, model: str | None = None) -> int: ...
+
+    def forced_call(self, tools: list[dict], name: str | None, model: str | None = None) -> Structure: ...
 
     def stats(self, model: str | None = None) -> EngineStats | None: ...
 
@@ -331,6 +342,11 @@ class EngineBridge(QObject):
         """Stream a reply to chat ``messages`` on the resident model ``model`` (None: the one on screen); leaving
         the loop stops it."""
         return self.engine.stream(messages, sampling, model=model or self.focused)
+
+    def forced_call(self, tools: list[dict], name: str | None, model: str | None = None) -> Structure:
+        """The form of a reply on ``model`` (None: the one on screen) that calls the tool ``name`` (None: any of
+        ``tools``): a grammar in that model's tool-call format."""
+        return self.engine.forced_call(tools, name, model or self.focused)
 
     def count_tokens(self, messages: list[dict] | Chat, model: str | None = None) -> int:
         """Prompt tokens of ``messages`` with the chat template of ``model`` (None: the one on screen), as the

@@ -3,8 +3,14 @@
 Every reply in them was written by the model (greedy, so the pictures can be made again): nothing is typed
 into the database and credited to it. Shots: a chat while three others stream (light and dark), finished
 replies with their numbers, the context-full question, the engine panel close up (its numbers, then its
-charts), the model manager (its library, and Discover before a search), and two models resident at once: an
-Auto chat's routed reply beside the panel's list of models, and the routing dialog's rules and evaluation.
+charts), the model manager (its library, and Discover before a search), two models resident at once (an Auto
+chat's routed reply beside the panel's list of models, and the routing dialog's rules and evaluation), and a tool
+call: the bundled model, held by the chat's tool choice to call a tool of a real MCP server
+(:mod:`app.tools.text_tools_server`), and its answer.
+
+One picture is the exception, and its name says so: ``reasoning-example.png`` shows how a thinking model's reply
+looks, with a reply written for the picture (stored under the model name "example"), because the bundled model
+does not reason.
 """
 
 from __future__ import annotations
@@ -18,6 +24,11 @@ from .offscreen import start_offscreen
 QUESTION = "How do I sort a list of dicts by a key in Python? Show a short code example."
 FOLLOW_UP = "And how do I sort from the largest to the smallest?"
 ROUTED = "Write a Python function that tells whether a number is prime."
+TOOL_QUESTION = "Count the letter r in strawberry."
+EXAMPLE_QUESTION = "Is 221 a prime number?"
+EXAMPLE_REASONING = ("221 is odd, so 2 is out. Digit sum 5: not divisible by 3. It does not end in 0 or 5. "
+                     "221 / 7 = 31.57…, no. 221 / 11 = 20.09…, no. 221 / 13 = 17, exactly. So 221 = 13 × 17.")
+EXAMPLE_ANSWER = "No. 221 = 13 × 17, so it is not prime."
 STREAMING = ("Write a long story about a lighthouse keeper and her cat.",
              "Write a long, detailed explanation of how bread rises.",
              "Write a long letter to a friend about a trip to Norway.")
@@ -89,6 +100,8 @@ async def capture(window, out: Path) -> list[Path]:
     await save(dialog, "model-manager-discover")
     dialog.close()
     await several_models(window, save)
+    await tool_call(window, save)
+    await reasoning_example(window, save)
     return shots
 
 
@@ -113,6 +126,57 @@ async def several_models(window, save) -> None:
     await dialog.start_evaluation()
     await save(dialog, "routing-evaluation")
     dialog.close()
+
+
+async def tool_call(window, save) -> None:
+    """A chat with its tools on and ``count_letter`` chosen: the bundled model's call (its arguments its own, the
+    form held by constrained decoding), the call opened, and the reply the model wrote from the result."""
+    import sys as _sys
+
+    from ..chats.tool_round import RUN
+    from ..data.mcp_servers import McpServer
+    from ..data.tool_calls import TOOL_CHOICE, TOOLS
+
+    server = McpServer("text-tools", command=_sys.executable, args=("-m", "app.tools.text_tools_server"))
+    await window.session.tools.connect([server])
+    chat = window.actions.new()
+    greedy(window, chat.id, 60)
+    window.conversations.set_setting(chat.id, TOOLS, True)
+    window.conversations.set_setting(chat.id, TOOL_CHOICE, "count_letter")
+
+    asking_user = window.session.controller.tool_round.approve
+
+    async def run_it(conversation_id, call):  # the question the user sees, pictured, then answered Run
+        box, _answers = asking_user.question(call)
+        box.show()
+        await save(box, "tool-approval")
+        box.close()
+        return RUN
+
+    window.session.controller.tool_round.approve = run_it
+    await window.send(TOOL_QUESTION)
+    window.session.controller.tool_round.approve = asking_user
+    asking = window.conversations.thread(chat.id)[1]
+    line = window.chat.message_widget(asking.id).tool_calls.lines[0]
+    line.toggle.click()
+    await save(window, "tool-call")
+    await window.session.tools.close()
+
+
+async def reasoning_example(window, save) -> None:
+    """How a thinking model's reply shows: its reasoning collapsed above the answer, then opened. The reply is
+    written for the picture and stored under the model name "example"."""
+    from ..data.store import Status
+
+    chat = window.actions.new()
+    user = window.conversations.add_message(chat.id, "user", EXAMPLE_QUESTION)
+    reply = window.conversations.add_message(chat.id, "assistant", "", parent_id=user.id, model="example")
+    window.conversations.finish_message(reply.id, text=EXAMPLE_ANSWER, reasoning=EXAMPLE_REASONING,
+                                        status=Status.COMPLETE,
+                                        stats={"reasoning_tokens": 61, "reasoning_s": 1.4, "output_tokens": 77})
+    window.actions.open(chat.id)
+    window.chat.message_widget(reply.id).reasoning.toggle.click()
+    await save(window, "reasoning-example")
 
 
 def main() -> int:

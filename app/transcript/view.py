@@ -192,6 +192,8 @@ class MessageWidget(QFrame):
         self.header.setText(f'<b style="color:{color};">{html.escape(who)}</b>')
         self.reasoning.show_reasoning(reasoning)
         self.show_text(shown)
+        for block in self._segments:  # a reply that is all reasoning or tool calls leaves no empty line
+            block.setHidden(not shown.strip() and bool(message.tool_calls or message.reasoning))
         self.tool_calls.show_calls(message.tool_calls)
         self._show_footer(message, live)
         self._show_buttons(message, live, version, last)

@@ -21,6 +21,7 @@ from ..transcript.view import ChatView, MessageAction, finished_announcement
 from .composer import Composer
 from .engine_banner import EngineBanner
 from .thinking_switch import ThinkingSwitch
+from .tool_choice import ToolChoiceBox
 from .tools_switch import ToolsSwitch
 
 
@@ -37,6 +38,7 @@ class ChatPane(QWidget):
         self.persona_button.setAccessibleName("Chat settings: persona and sampling")
         self.thinking = ThinkingSwitch(session)
         self.tools = ToolsSwitch(session)
+        self.tool_choice = ToolChoiceBox(session, self.tools)
         self.banner = EngineBanner()
         self.chat = ChatView()
         self.chat.set_model(transcript)
@@ -52,6 +54,7 @@ class ChatPane(QWidget):
         header.addWidget(self.persona_button)
         header.addStretch(1)
         header.addWidget(self.tools)
+        header.addWidget(self.tool_choice)
         header.addWidget(self.thinking)
         layout.addLayout(header)
         layout.addWidget(self.banner)

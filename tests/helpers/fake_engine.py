@@ -7,7 +7,7 @@ from concurrent.futures import Future
 
 from PySide6.QtCore import QObject, Signal
 
-from engine import Chat, EngineDeadError, EngineStats, RequestMetrics, RequestOutput
+from engine import Chat, EngineDeadError, EngineStats, RequestMetrics, RequestOutput, Structure
 
 WORDS = "Paris is the capital of France and a **lovely** city .".split()
 
@@ -55,6 +55,8 @@ class FakeBridge(QObject):
         self.load_error: str | None = None
         self.requests: list[list[dict]] = []  # the messages of every reply asked for
         self.prompts: list = []  # every prompt as given to stream (a Chat, or a list of messages)
+        self.samplings: list = []  # every request's SamplingParams, as given to stream
+        self.forced: list = []  # (tool name or None, model) of every forced_call
         self.counted: list = []  # every prompt as given to count_tokens
         self.restarts = 0
         self.cpu_options: tuple | None = None  # what set_cpu_options was last given
@@ -175,10 +177,15 @@ class FakeBridge(QObject):
         self.ready = self.serving = True
         self.loaded.emit(self._stats)
 
+    def forced_call(self, tools, name, model=None) -> Structure:
+        self.forced.append((name, model))
+        return Structure("grammar", f"start: one call of {name or 'any tool'}")
+
     def stream(self, messages, sampling, model=None) -> FakeStream:
         if self.failure is not None:
             raise EngineDeadError(self.failure)
         self.prompts.append(messages)
+        self.samplings.append(sampling)
         self.requests.append(list(messages.messages) if isinstance(messages, Chat) else messages)
         calls = self.tool_calls[self.streams] if self.streams < len(self.tool_calls) else ()
         self.streams += 1

@@ -5,7 +5,7 @@ follows; refusals, "always allow", failures, and the bound on rounds."""
 import pytest
 
 from app.chats.tool_round import ALWAYS, MAX_ROUNDS, REFUSE, RUN
-from app.data.tool_calls import ALLOWED, REFUSED_TEXT, TOOLS
+from app.data.tool_calls import ALLOWED, REFUSED_TEXT, REQUIRED, TOOL_CHOICE, TOOLS
 from engine import Chat
 from engine.templates.tool_calls import ToolCall
 from tests.app.mcp.test_toolbox import TEST_SERVER
@@ -141,3 +141,34 @@ def test_stopping_while_a_call_is_asked_about_ends_it_not_run(qloop, session, st
     asking = store.thread(chat)[-1]
     assert [(c["status"], c["result"]) for c in asking.tool_calls] == [("failed", "not run: the reply was stopped")]
     assert session.bridge.streams == 1
+
+
+def test_a_chosen_tool_holds_the_first_reply_to_a_call_of_it_and_the_next_reply_is_free(qloop, session, chat):
+    session.conversations.set_setting(chat, TOOL_CHOICE, "add")
+    session.bridge.tool_calls = [(ADD,)]
+    session.answers = [RUN]
+    qloop.run_until_complete(session.controller.send(chat, "What is 2 + 40?"))
+    first, second = session.bridge.samplings
+    assert session.bridge.forced == [("add", "Fake-1M")]
+    assert first.structure.spec == "start: one call of add" and first.parse_tool_calls
+    assert second.structure is None  # the answer after the call is the model's to write
+
+
+def test_required_forces_a_call_of_any_tool_and_a_tool_gone_counts_as_auto(qloop, session, chat):
+    session.conversations.set_setting(chat, TOOL_CHOICE, REQUIRED)
+    qloop.run_until_complete(session.controller.send(chat, "Use something."))
+    session.conversations.set_setting(chat, TOOL_CHOICE, "a-tool-no-server-offers")
+    qloop.run_until_complete(session.controller.send(chat, "And now?"))
+    assert session.bridge.forced == [(None, "Fake-1M")]
+    assert [s.structure is not None for s in session.bridge.samplings] == [True, False]
+
+
+def test_a_forced_call_the_model_cannot_make_ends_the_reply_with_the_reason(qloop, session, store, chat):
+    def cannot(tools, name, model=None):
+        raise ValueError("this model's template has no tool-call format")
+
+    session.bridge.forced_call = cannot
+    session.conversations.set_setting(chat, TOOL_CHOICE, "add")
+    final = qloop.run_until_complete(session.controller.send(chat, "What is 2 + 40?"))
+    assert (final.status, final.error) == ("error", "this model's template has no tool-call format")
+    assert store.thread(chat)[0].text == "What is 2 + 40?"  # what the user wrote stays

@@ -4,7 +4,7 @@ buttons), and the calls under the reply in the transcript, closed then opened, a
 import pytest
 from PySide6.QtCore import Qt, QTimer
 
-from app.data.tool_calls import TOOLS
+from app.data.tool_calls import AUTO, TOOL_CHOICE, TOOLS
 from app.window.tool_approval import ToolApproval
 from engine.templates.tool_calls import ToolCall
 from tests.app.mcp.test_toolbox import TEST_SERVER
@@ -38,6 +38,25 @@ def test_the_switch_shows_with_the_servers_tools_and_sets_the_chat(tools_window,
     assert switch.isVisible() and switch.text() == "Use tools (4)" and not switch.isChecked()
     qtbot.mouseClick(switch, Qt.LeftButton)
     assert store.conversation(tools_window.current).settings[TOOLS] is True
+
+
+def test_the_tool_choice_shows_while_the_switch_is_on_and_sets_the_chat(tools_window, qtbot, store):
+    switch, choice = tools_window.pane.tools, tools_window.pane.tool_choice
+    assert choice.isHidden()
+    qtbot.mouseClick(switch, Qt.LeftButton)
+    assert choice.isVisible() and choice.currentData() == AUTO
+    assert [choice.itemText(i) for i in range(choice.count())] == [
+        "Model decides", "Must call a tool", "Call add", "Call broken", "Call picture", "Call slow"]
+    choice.setCurrentIndex(2)
+    choice.activated.emit(2)
+    chat = tools_window.current
+    assert store.conversation(chat).settings[TOOL_CHOICE] == "add"
+    tools_window.actions.new()
+    assert choice.isHidden()  # a new chat has its tools off
+    tools_window.actions.open(chat)
+    assert choice.isVisible() and choice.currentText() == "Call add"
+    qtbot.mouseClick(switch, Qt.LeftButton)
+    assert choice.isHidden()
 
 
 def test_an_approved_call_shows_under_the_reply_closed_then_open(tools_window, qloop, store, monkeypatch, qtbot):
