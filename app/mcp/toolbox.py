@@ -9,6 +9,7 @@ import json
 from PySide6.QtCore import QObject, Signal
 
 from ..data.mcp_servers import CONNECT_TIMEOUT_S, DEFAULT_TOOL_TIMEOUT_S, McpServer
+from .python_import import python_import
 from .results import ToolOutcome
 from .tool_names import OfferedTool, offered_tools
 
@@ -75,7 +76,8 @@ class McpToolbox(QObject):
 
     async def _open(self, server: McpServer) -> None:
         # the MCP SDK takes a second or more to import: only an app with a server enabled pays for it, on connecting
-        from .connection import McpConnection
+        with python_import():
+            from .connection import McpConnection
 
         connection = McpConnection(server)
         try:

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from PySide6.QtCore import QObject, Signal
 
 from engine import Chat, EngineDeadError, EngineStats, RequestMetrics, RequestOutput, Structure
+from engine.templates.tool_calls import ToolCall
 
 WORDS = "Paris is the capital of France and a **lovely** city .".split()
 
@@ -31,7 +32,8 @@ class FakeBridge(QObject):
     reasoning (``delta_reasoning``), then the answer's words.
 
     ``tool_calls``: the calls (engine ``ToolCall``s) each reply in turn ends with, one tuple a reply (replies past
-    the list call nothing).
+    the list call nothing). A reply held to a call (its sampling carries ``forced_call``'s structure) ends with a
+    call of the tool named there, or of the first tool offered, as the engine's constrained decoding guarantees.
 
     ``fail(reason)`` makes the engine die as the real one can; ``fail_load(reason)`` makes a load fail."""
 
@@ -57,6 +59,7 @@ class FakeBridge(QObject):
         self.prompts: list = []  # every prompt as given to stream (a Chat, or a list of messages)
         self.samplings: list = []  # every request's SamplingParams, as given to stream
         self.forced: list = []  # (tool name or None, model) of every forced_call
+        self._forcing: list = []  # (structure, the tool its call names) of every forced_call
         self.counted: list = []  # every prompt as given to count_tokens
         self.restarts = 0
         self.cpu_options: tuple | None = None  # what set_cpu_options was last given
@@ -179,7 +182,9 @@ class FakeBridge(QObject):
 
     def forced_call(self, tools, name, model=None) -> Structure:
         self.forced.append((name, model))
-        return Structure("grammar", f"start: one call of {name or 'any tool'}")
+        structure = Structure("grammar", f"start: one call of {name or 'any tool'}")
+        self._forcing.append((structure, name or tools[0]["function"]["name"]))
+        return structure
 
     def stream(self, messages, sampling, model=None) -> FakeStream:
         if self.failure is not None:
@@ -188,6 +193,9 @@ class FakeBridge(QObject):
         self.samplings.append(sampling)
         self.requests.append(list(messages.messages) if isinstance(messages, Chat) else messages)
         calls = self.tool_calls[self.streams] if self.streams < len(self.tool_calls) else ()
+        forced = next((tool for s, tool in self._forcing if s is sampling.structure), None)
+        if forced is not None and not calls:
+            calls = (ToolCall(f"call-{self.streams}", forced, "{}"),)
         self.streams += 1
         return FakeStream(f"fake-{self.streams}", self._stream(calls))
 
