@@ -156,11 +156,13 @@ def test_a_chosen_tool_holds_the_first_reply_to_a_call_of_it_and_the_next_reply_
 
 def test_required_forces_a_call_of_any_tool_and_a_tool_gone_counts_as_auto(qloop, session, chat):
     session.conversations.set_setting(chat, TOOL_CHOICE, REQUIRED)
+    session.answers = [RUN]
     qloop.run_until_complete(session.controller.send(chat, "Use something."))
+    assert len(session.asked) == 1  # the held reply called a tool; the reply after its result was free
     session.conversations.set_setting(chat, TOOL_CHOICE, "a-tool-no-server-offers")
     qloop.run_until_complete(session.controller.send(chat, "And now?"))
     assert session.bridge.forced == [(None, "Fake-1M")]
-    assert [s.structure is not None for s in session.bridge.samplings] == [True, False]
+    assert [s.structure is not None for s in session.bridge.samplings] == [True, False, False]
 
 
 def test_a_forced_call_the_model_cannot_make_ends_the_reply_with_the_reason(qloop, session, store, chat):
