@@ -15,7 +15,7 @@ from ..data.reasoning import SECONDS, TOKENS, Reasoning
 from ..data.settings import DEFAULTS
 from ..data.store import Message, Status, StoreWriteError
 from ..data.thinking import template_options
-from ..data.tool_calls import AUTO, PENDING, REQUIRED, pending_calls, tool_choice, tools_on, with_answers
+from ..data.tool_calls import AUTO, PENDING, pending_calls, tool_choice, tools_on, with_answers
 from ..mcp.toolbox import McpToolbox
 from .conversations import Conversations
 from .reply_sources import Placement, ReplySources
@@ -149,7 +149,7 @@ class ChatController(QObject):
 
     def tools_for(self, conversation_id: int) -> list[dict]:
         """The tools a chat's model is offered: the MCP servers' where the chat's Use tools switch is on and its
-        model runs here."""
+        source of replies offers tools (the local engine, and remote servers by OpenAI's ``tools``)."""
         wanted = tools_on(self.conversations.get(conversation_id).settings)
         return self.toolbox.tools() if wanted and self.sources.of(conversation_id).offers_tools else []
 
@@ -177,17 +177,12 @@ class ChatController(QObject):
         chosen = {k: v for k, v in settings.items() if k in SamplingParams.__slots__}
         return SamplingParams(**chosen, parse_tool_calls=bool(self.tools_for(conversation_id)))
 
-    def _forced_call(self, conversation_id: int, sampling: SamplingParams, source, placement: Placement
-                     ) -> SamplingParams:
-        """``sampling`` held to one call of a tool where the chat's tool choice forces one (any offered tool, or
-        the one it names), in the tool-call format of the model the reply goes to."""
-        tools = self.tools_for(conversation_id)
-        names = [tool["function"]["name"] for tool in tools]
-        choice = tool_choice(self.conversations.get(conversation_id).settings, names)
-        if not tools or choice == AUTO:
-            return sampling
-        structure = source.forced_call(tools, None if choice == REQUIRED else choice, placement)
-        return dataclasses.replace(sampling, structure=structure)
+    def _forced_call(self, conversation_id: int) -> str | None:
+        """The call the chat's tool choice holds a reply to: None (the model decides), ``REQUIRED`` (any offered
+        tool) or the name of the one it picks; the reply's source holds it there."""
+        names = [tool["function"]["name"] for tool in self.tools_for(conversation_id)]
+        choice = tool_choice(self.conversations.get(conversation_id).settings, names) if names else AUTO
+        return None if choice == AUTO else choice
 
     def _start(self, conversation_id: int, parent_id: int, continuing: Message | None = None,
                chosen: str | None = None) -> asyncio.Task:
@@ -249,10 +244,8 @@ class ChatController(QObject):
         try:
             if refused is not None:
                 raise refused
-            sampling = self.sampling_for(conversation_id)
-            if first:
-                sampling = self._forced_call(conversation_id, sampling, source, placement)
-            stream = source.stream(prompt, sampling, placement)
+            forced = self._forced_call(conversation_id) if first else None
+            stream = source.stream(prompt, self.sampling_for(conversation_id), placement, forced)
             self.request_owners[stream.request_id] = conversation_id
             async for out in stream:
                 if so_far.last is None and out.metrics.ttft_s is not None:

@@ -9,12 +9,14 @@ or the server does.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from engine import Chat, SamplingParams, Structure
+from engine import Chat, SamplingParams
 from engine.routing.router import AUTO, Request, Router
 
 from ..data.remote_store import SETTING, RemoteChoice, choice_of
+from ..data.tool_calls import REQUIRED
 from ..engines.bridge import ChatEngine, not_ready_message
 from ..engines.remote_engines import RemoteEngines
 from .conversations import Conversations
@@ -116,20 +118,22 @@ class LocalSource:
         others = [i for i in self.bridge.resident if i != model]
         return {"model": model, "reason": reason, "by": by, "others": others}
 
-    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement):
-        """The reply to ``prompt``, its template options and earlier reasoning given to the model's template."""
+    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement, forced: str | None = None):
+        """The reply to ``prompt``, its template options and earlier reasoning given to the model's template;
+        where ``forced`` (``REQUIRED`` or a tool's name), held to that call by constrained decoding in the placed
+        model's own tool-call format."""
+        if forced is not None:
+            name = None if forced == REQUIRED else forced
+            structure = self.bridge.forced_call(prompt.tools, name, placement.model)
+            sampling = dataclasses.replace(sampling, structure=structure)
         return self.bridge.stream(prompt, sampling, placement.model)
-
-    def forced_call(self, tools: list[dict], name: str | None, placement: Placement) -> Structure:
-        """The form of a reply that calls ``name`` (None: any of ``tools``), in the placed model's format."""
-        return self.bridge.forced_call(tools, name, placement.model)
 
 
 class RemoteSource:
     """A model on an OpenAI-compatible server."""
 
     checks_own_context = True  # the server refuses what does not fit, in its own words
-    offers_tools = False  # the tools are not sent to servers (yet): their calls would not be parsed here
+    offers_tools = True  # sent as OpenAI's tools; the server parses the model's calls and streams them back
     routed = False
     ready = True  # a request that cannot reach it ends with the server's error on the reply
 
@@ -145,15 +149,24 @@ class RemoteSource:
     def place(self, messages: list[dict], chosen: str | None = None) -> Placement:
         return Placement(None, self.engines.label(self.remote), None)
 
-    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement):
-        """The reply to ``prompt``'s messages as OpenAI's format has them: without the replies' reasoning, which
-        the format has no field for in a request (DeepSeek's API refuses a request that carries
-        ``reasoning_content``), and without template options, which the server's template may not take."""
-        return self.engines.stream(self.remote, [_as_sent_to_server(m) for m in prompt.messages], sampling)
+    def stream(self, prompt: Chat, sampling: SamplingParams, placement: Placement, forced: str | None = None):
+        """The reply to ``prompt``'s messages and tools as OpenAI's format has them: without the replies'
+        reasoning, which the format has no field for in a request (DeepSeek's API refuses a request that carries
+        ``reasoning_content``), and without template options, which the server's template may not take; a
+        ``forced`` call is asked for with ``tool_choice``."""
+        chat = Chat([_as_sent_to_server(m) for m in prompt.messages], tools=prompt.tools)
+        return self.engines.stream(self.remote, chat, sampling, _openai_tool_choice(forced))
 
 
 def _as_sent_to_server(message: dict) -> dict:
     return {key: value for key, value in message.items() if key != "reasoning_content"}
+
+
+def _openai_tool_choice(forced: str | None) -> str | dict | None:
+    """OpenAI's ``tool_choice`` for a forced call (None: not sent, so the model decides)."""
+    if forced is None or forced == REQUIRED:
+        return forced
+    return {"type": "function", "function": {"name": forced}}
 
 
 class ReplySources:

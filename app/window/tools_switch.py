@@ -33,13 +33,13 @@ class ToolsSwitch(QCheckBox):
         current = self.session.actions.current
         try:
             settings = self.session.conversations.get(current).settings if current is not None else {}
-            local = current is not None and self.session.sources.of(current).offers_tools
+            offered = current is not None and self.session.sources.of(current).offers_tools
         except KeyError:  # the chat was deleted
-            settings, local = {}, False
+            settings, offered = {}, False
         count = len(self.session.tools.tools())
         self.setChecked(tools_on(settings))
         self.setText(f"Use tools ({count})")
-        self.setVisible(local and count > 0)
+        self.setVisible(offered and count > 0)
 
     def _changed(self, conversation_id: int) -> None:
         if conversation_id == self.session.actions.current:

@@ -31,12 +31,14 @@ from .errors import RemoteError, error_message, status_reason, transport_reason
 from .metrics import ServerMetrics, read_server_metrics
 from .server_url import RemoteConfig
 from .sse import DONE, LineSplitter, SSEDecoder
+from .tool_call_deltas import ToolCallDeltas
 
 METRICS_TIMEOUT_S = 5.0  # a scrape that takes longer is not worth waiting for: the panel asks again
 RETRY_BACKOFF_S = 0.25  # doubled after each failed connection attempt
 RETRY_STATUSES = {502, 503, 504}  # a GET of the model list may be repeated when a proxy or a starting server says so
 SAMPLING_DEFAULTS = SamplingParams()
 FINISH_REASONS = {"stop": "stop", "length": "length"}  # others (tool_calls, content_filter, eos) end as "stop"
+ToolChoice = str | dict | None  # OpenAI's tool_choice: "auto", "required", {"type": "function", ...}; None: not sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ class _Reply:
     last: float | None = None
     finish_reason: str | None = None
     usage: dict = field(default_factory=dict)
+    calls: ToolCallDeltas = field(default_factory=ToolCallDeltas)
 
 
 class RemoteClient:
@@ -106,10 +109,10 @@ class RemoteClient:
         return read_server_metrics(response.text)
 
     def stream_chat(self, messages: list[dict] | Chat, sampling: SamplingParams, model: str,
-                    request_id: str | None = None) -> RemoteStream:
-        """Stream a reply to chat ``messages`` (or a :class:`Chat` with template options) from ``model``;
-        ``async for`` its outputs."""
-        return RemoteStream(self, messages, sampling, model, request_id)
+                    request_id: str | None = None, tool_choice: ToolChoice = None) -> RemoteStream:
+        """Stream a reply to chat ``messages`` (or a :class:`Chat` with template options and tools) from
+        ``model``, its calls held to ``tool_choice`` where given; ``async for`` its outputs."""
+        return RemoteStream(self, messages, sampling, model, request_id, tool_choice)
 
     # -- requests -------------------------------------------------------------------------------------
 
@@ -156,12 +159,12 @@ class RemoteStream:
     cancelling the task) closes the connection."""
 
     def __init__(self, client: RemoteClient, messages: list[dict] | Chat, sampling: SamplingParams, model: str,
-                 request_id: str | None = None) -> None:
+                 request_id: str | None = None, tool_choice: ToolChoice = None) -> None:
         self.request_id = request_id or new_request_id()
         self.client, self.model = client, model
         chat = messages if isinstance(messages, Chat) else Chat(list(messages))
         messages = chat.messages
-        self.body = request_body(messages, sampling, model, chat.options)
+        self.body = request_body(messages, sampling, model, chat.options, chat.tools, tool_choice)
         last = messages[-1] if messages else {}
         self.continued = (last.get("content") or "") if last.get("role") == "assistant" else ""
 
@@ -213,7 +216,8 @@ class RemoteStream:
             yield tail, ""
 
     async def _pieces(self, response: httpx.Response, reply: _Reply) -> AsyncIterator[tuple[str, str]]:
-        """The (text, reasoning) of each event of the stream, recording finish reason and usage on ``reply``."""
+        """The (text, reasoning) of each event of the stream that carries any (a piece of a tool call counts,
+        with neither), recording finish reason, usage and tool calls on ``reply``."""
         decoder = SSEDecoder()
         async with aclosing(_lines(response)) as lines:
             async for line in lines:
@@ -223,12 +227,12 @@ class RemoteStream:
                 if event.data.strip() == DONE:
                     return
                 piece = _apply_chunk(reply, _chunk(event.data, event.event))
-                if any(piece):
+                if piece is not None:
                     yield piece
         event = decoder.flush()
         if event is not None and event.data.strip() != DONE:
             piece = _apply_chunk(reply, _chunk(event.data, event.event))
-            if any(piece):
+            if piece is not None:
                 yield piece
 
     @staticmethod
@@ -240,9 +244,16 @@ class RemoteStream:
 
     def _output(self, reply: _Reply, delta: str, error: str | None = None, reasoning: str = "") -> RequestOutput:
         finished = error is not None or (not delta and not reasoning and reply.finish_reason is not None)
+        calls: tuple = ()
+        if finished and error is None and reply.calls:
+            try:  # a finished reply's calls, which arrive whole only at its end
+                calls = reply.calls.calls()
+            except RemoteError as exc:
+                error = str(exc)
         reason = "error" if error is not None else (reply.finish_reason if finished else None)
         return RequestOutput(self.request_id, reply.text, [], delta, [], finished, reason, error, _metrics(reply),
-                             reasoning=reply.reasoning, delta_reasoning=reasoning)
+                             reasoning=reply.reasoning, delta_reasoning=reasoning, tool_calls=calls,
+                             delta_tool_calls=calls)
 
 
 class EchoFilter:
@@ -309,11 +320,12 @@ async def _lines(response: httpx.Response) -> AsyncIterator[str]:
         await asyncio.gather(reader, return_exceptions=True)
 
 
-def request_body(messages: list[dict], sampling: SamplingParams, model: str, options: dict | None = None) -> dict:
-    """The ``/v1/chat/completions`` body: the usual OpenAI fields, and the extensions vLLM, SGLang and
-    llama-server accept (top_k, min_p, repetition_penalty, ..., continuing the final message, the chat
-    template's ``options`` as chat_template_kwargs) only where they are needed, so a strict server is not sent
-    fields it refuses."""
+def request_body(messages: list[dict], sampling: SamplingParams, model: str, options: dict | None = None,
+                 tools: list[dict] | None = None, tool_choice: ToolChoice = None) -> dict:
+    """The ``/v1/chat/completions`` body: the usual OpenAI fields (``tools`` and ``tool_choice`` where there
+    are tools), and the extensions vLLM, SGLang and llama-server accept (top_k, min_p, repetition_penalty, ...,
+    continuing the final message, the chat template's ``options`` as chat_template_kwargs) only where they are
+    needed, so a strict server is not sent fields it refuses."""
     body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
     if sampling.seed is not None:
@@ -327,6 +339,10 @@ def request_body(messages: list[dict], sampling: SamplingParams, model: str, opt
         body["stop_token_ids"] = list(sampling.stop_token_ids)
     if options:
         body["chat_template_kwargs"] = dict(options)
+    if tools:
+        body["tools"] = list(tools)
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
     if messages and messages[-1].get("role") == "assistant":
         # continue that message rather than start another: vLLM's fields, which SGLang and llama-server read too
         body["continue_final_message"], body["add_generation_prompt"] = True, False
@@ -348,12 +364,14 @@ def _chunk(data: str, event: str) -> dict:
     return chunk
 
 
-def _apply_chunk(reply: _Reply, chunk: dict) -> tuple[str, str]:
-    """Record a chunk's finish reason and usage on ``reply``; return its new text and reasoning (vLLM's and
-    llama-server's ``reasoning_content``, or ``reasoning`` as some servers call it)."""
+def _apply_chunk(reply: _Reply, chunk: dict) -> tuple[str, str] | None:
+    """Record a chunk's finish reason, usage and pieces of tool calls on ``reply``; return its new text and
+    reasoning (vLLM's and llama-server's ``reasoning_content``, or ``reasoning`` as some servers call it), None
+    where it has neither nor a piece of a call."""
     if isinstance(chunk.get("usage"), dict):
         reply.usage = chunk["usage"]
     text = reasoning = ""
+    called = False
     choices = chunk.get("choices")
     for choice in choices if isinstance(choices, list) else []:
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
@@ -365,9 +383,12 @@ def _apply_chunk(reply: _Reply, chunk: dict) -> tuple[str, str]:
         thought = delta.get("reasoning_content", delta.get("reasoning"))
         if isinstance(thought, str):
             reasoning += thought
+        if delta.get("tool_calls") is not None:
+            reply.calls.add(delta["tool_calls"])
+            called = True
         if choice.get("finish_reason"):
             reply.finish_reason = FINISH_REASONS.get(choice["finish_reason"], "stop")
-    return text, reasoning
+    return (text, reasoning) if text or reasoning or called else None
 
 
 def _keep_finished(reply: _Reply, reason: str) -> str | None:

@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
-from engine import SamplingParams
+from engine import Chat, SamplingParams
 from engine.remote import RemoteClient, RemoteConfig, RemoteError
 from engine.remote.client import EchoFilter, request_body
+from engine.remote.tool_call_deltas import ToolCallDeltas
 from tests.helpers.openai_stub import StubServer, free_port
 
 # a generator of httpx left suspended and finalised outside its task shows as an unraisable exception
@@ -292,3 +293,60 @@ def test_the_line_splitter_and_the_decoder_refuse_what_is_too_long():
     assert decoder.feed("data: 12345") is None
     with pytest.raises(RemoteError, match="an event of more than"):
         decoder.feed("data: 67890")
+
+
+COUNT_LETTER = {"type": "function", "function": {"name": "count_letter", "parameters": {
+    "type": "object", "properties": {"word": {"type": "string"}, "letter": {"type": "string"}}}}}
+
+
+def collect_chat(config: RemoteConfig, chat: Chat, tool_choice=None):
+    async def run():
+        client = RemoteClient(config)
+        try:
+            return [out async for out in client.stream_chat(chat, SamplingParams(), "stub-model",
+                                                            tool_choice=tool_choice)]
+        finally:
+            await client.aclose()
+    return asyncio.run(run())
+
+
+def test_tools_and_a_forced_choice_are_sent_and_streamed_calls_are_put_back_together(stub):
+    stub.behaviour = "tool_call"
+    stub.calls.append({"id": "call_2", "name": "word_count", "arguments": '{"text": "a b c"}'})
+    forced = {"type": "function", "function": {"name": "count_letter"}}
+    outs = collect_chat(RemoteConfig(stub.url), Chat(MESSAGES, tools=[COUNT_LETTER]), forced)
+    final = outs[-1]
+    assert stub.requests[0]["tools"] == [COUNT_LETTER] and stub.requests[0]["tool_choice"] == forced
+    assert final.finished and final.error is None and final.finish_reason == "stop" and final.text == ""
+    assert [c.as_openai() for c in final.tool_calls] == [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        for c in stub.calls]
+    assert final.delta_tool_calls == final.tool_calls and all(not o.tool_calls for o in outs[:-1])
+    assert final.metrics.ttft_s is not None  # the first piece of a call is the reply's first token
+
+
+def test_without_tools_neither_tools_nor_tool_choice_is_sent(stub):
+    collect_chat(RemoteConfig(stub.url), Chat(MESSAGES), "required")
+    assert "tools" not in stub.requests[0] and "tool_choice" not in stub.requests[0]
+
+
+@pytest.mark.parametrize(("calls", "reason"), [
+    ([{"id": "call_1", "name": "", "arguments": "{}"}], "tool call 0 without a function name"),
+    ([{"id": 7, "name": "count_letter", "arguments": "{}"}], "whose id is not text"),
+])
+def test_a_malformed_call_ends_the_reply_with_the_reason(stub, calls, reason):
+    stub.behaviour, stub.calls = "tool_call", calls
+    final = collect_chat(RemoteConfig(stub.url), Chat(MESSAGES, tools=[COUNT_LETTER]))[-1]
+    assert final.finish_reason == "error" and reason in final.error and final.tool_calls == ()
+
+
+def test_call_pieces_join_per_index_and_a_call_without_an_id_gets_one():
+    deltas = ToolCallDeltas()
+    deltas.add([{"index": 1, "function": {"name": "b", "arguments": '{"x"'}}])
+    deltas.add([{"index": 0, "id": "call_a", "function": {"name": "a"}}])
+    deltas.add([{"index": 1, "function": {"arguments": ": 1}"}}, {"index": 0, "function": {"arguments": "{}"}}])
+    first, second = deltas.calls()
+    assert (first.id, first.name, first.arguments) == ("call_a", "a", "{}")
+    assert (second.name, second.arguments) == ("b", '{"x": 1}') and second.id.startswith("call_")
+    with pytest.raises(RemoteError, match="not a list"):
+        deltas.add({"index": 0})

@@ -2,11 +2,13 @@
 tiny model on a loopback port with an API key, read by the same client the window and the CLI use."""
 
 import asyncio
+import json
 import time
 
+import jsonschema
 import pytest
 
-from engine import ApiConfig, ApiServer, AsyncEngine, Engine, EngineConfig, SamplingParams
+from engine import ApiConfig, ApiServer, AsyncEngine, Chat, Engine, EngineConfig, SamplingParams
 from engine.remote import RemoteClient, RemoteConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -122,3 +124,23 @@ def test_closing_the_stream_stops_the_request_on_the_server(server, model, engin
         time.sleep(0.05)
     stats = engine.stats()
     assert stats.num_running == 0 and stats.kv_blocks_used == 0  # aborted, its blocks back in the pool
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def test_a_forced_tool_call_streams_back_as_a_call_that_fits_the_tools_schema(server, model):
+    chat = Chat([{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER])
+
+    async def job(client):
+        return [o async for o in client.stream_chat(chat, SamplingParams(max_tokens=80, temperature=1.0, seed=3),
+                                                    model, tool_choice="required")]
+
+    final = run(server, job)[-1]
+    assert final.finished and final.error is None, final.error
+    (call,) = final.tool_calls
+    assert call.name == "weather" and call.id
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])

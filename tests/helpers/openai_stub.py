@@ -3,8 +3,9 @@
 ``stub.behaviour`` picks what ``POST /v1/chat/completions`` does: stream a reply ("ok"), answer an HTTP error
 ("status", with ``stub.status`` and ``stub.error_body``), cut the connection after ``stub.pieces`` pieces
 ("cut"), go silent after them ("stall"), send a malformed event ("malformed"), an error event ("error_event"),
-end without a finish reason ("no_finish"), or send one line that never ends ("endless_line", until the
-client hangs up); ``stub.plan`` scripts the next requests one by one. Every
+end without a finish reason ("no_finish"), send one line that never ends ("endless_line", until the
+client hangs up), or call tools ("tool_call": ``stub.calls``, each streamed in pieces as OpenAI's API streams
+them); ``stub.plan`` scripts the next requests one by one. Every
 request body is kept in ``stub.requests``.
 """
 
@@ -45,6 +46,7 @@ class StubServer:
         self.pieces = 3  # pieces sent before "cut", "stall", "malformed" and "error_event" misbehave
         self.stall_s = 5.0
         self.words = list(WORDS)
+        self.calls = [{"id": "call_1", "name": "count_letter", "arguments": '{"word": "strawberry", "letter": "r"}'}]
         self.usage = {"prompt_tokens": 40, "completion_tokens": len(WORDS), "total_tokens": 47,
                       "prompt_tokens_details": {"cached_tokens": 32}}
         self.models = [{"id": "stub-model", "object": "model", "owned_by": "stub"}]
@@ -121,6 +123,9 @@ def _handler(stub: StubServer):
 
         def _stream(self, body: dict) -> None:
             self._event({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+            if stub.behaviour == "tool_call":
+                self._stream_calls()
+                return
             words = stub.words[: body.get("max_tokens", len(stub.words))]
             for i, word in enumerate(words):
                 if i == stub.pieces and self._misbehave():
@@ -133,6 +138,22 @@ def _handler(stub: StubServer):
                     self._event({"choices": [], "usage": stub.usage})
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
+
+        def _stream_calls(self) -> None:
+            """Each of ``stub.calls`` as OpenAI streams it: id and name first, then the arguments in three pieces."""
+            for index, call in enumerate(stub.calls):
+                self._call_piece({"index": index, "id": call["id"], "type": "function",
+                                  "function": {"name": call["name"], "arguments": ""}})
+                arguments, third = call["arguments"], len(call["arguments"]) // 3 + 1
+                for start in range(0, len(arguments), third):
+                    self._call_piece({"index": index, "function": {"arguments": arguments[start:start + third]}})
+            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+            self._event({"choices": [], "usage": stub.usage})
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+
+        def _call_piece(self, piece: dict) -> None:
+            self._event({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
 
         def _misbehave(self) -> bool:
             """Do the scripted harm at this point of the stream; True when the stream must end here."""

@@ -7,11 +7,14 @@ import json
 import pytest
 from PySide6.QtCore import Qt
 
+from app.chats.tool_round import RUN
 from app.data.remote_store import RemoteChoice, choice_of
+from app.data.tool_calls import TOOL_CHOICE, TOOLS
 from app.dialogs.remote_servers import RemoteServerListModel, RemoteServersDialog, ServerDialog
 from app.panel.remote_panel import NOT_REPORTED
 from app.transcript.view import MessageAction
 from app.window.model_bar import REMOTE_ROLE, index_of
+from tests.app.mcp.test_toolbox import TEST_SERVER
 from tests.helpers.openai_stub import StubServer, free_port
 from tests.helpers.signal_waits import run_until
 
@@ -356,3 +359,36 @@ def test_a_server_that_never_answers_does_not_hold_up_the_window(qtbot, window, 
                 filler.close()
     assert message.status == "error" and "no answer within the connect timeout" in message.error
     assert len(ticks) >= 20  # the window's event loop ran all along (about 1 s of waiting, a tick every 20 ms)
+
+
+def test_a_remote_chat_offers_the_mcp_tools_and_runs_the_call_the_server_streams(window, qloop, store, stub, remote):
+    session = window.session
+    qloop.run_until_complete(session.tools.connect([TEST_SERVER]))
+    try:
+        on_remote(window, remote)
+        chat = window.current
+        session.conversations.set_setting(chat, TOOLS, True)
+        session.conversations.set_setting(chat, TOOL_CHOICE, "add")
+        assert not window.pane.tools.isHidden() and window.pane.tools.isChecked()
+
+        async def approve(conversation_id, call):
+            return RUN
+
+        session.controller.tool_round.approve = approve
+        stub.plan, stub.calls = ["tool_call", "ok"], [{"id": "call_9", "name": "add", "arguments": '{"a": 2, "b": 40}'}]
+        final = qloop.run_until_complete(window.send("What is 2 + 40?"))
+        asking_request, answering_request = stub.requests
+        assert sorted(t["function"]["name"] for t in asking_request["tools"]) == ["add", "broken", "picture", "slow"]
+        assert asking_request["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+        assert "tool_choice" not in answering_request  # only the first reply is held to the call
+        assert answering_request["messages"][-2:] == [
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_9", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 40}'}}]},
+            {"role": "tool", "tool_call_id": "call_9", "content": "42"}]
+        user, asking, answering = store.thread(chat)
+        assert asking.tool_calls == [{"id": "call_9", "name": "add", "arguments": '{"a": 2, "b": 40}',
+                                      "status": "done", "result": "42"}]
+        assert answering.id == final.id and answering.text == "Paris is the capital of France."
+        assert window.bridge.requests == []  # the local engine was not asked
+    finally:
+        qloop.run_until_complete(session.tools.close())

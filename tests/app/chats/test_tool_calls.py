@@ -114,12 +114,14 @@ def test_replies_stop_calling_after_the_last_round(qloop, session, store, chat):
     assert store.message(final.id).tool_calls == final.tool_calls
 
 
-def test_a_chat_on_a_remote_server_is_offered_no_tools(session, chat):
+def test_a_chat_on_a_remote_server_is_offered_the_same_tools_while_its_switch_is_on(session, chat):
     from app.data.remote_store import RemoteChoice
 
+    here = session.controller.tools_for(chat)
     session.sources.run_on(chat, RemoteChoice("some-server", "some-model"))
+    assert session.controller.tools_for(chat) == here and len(here) == 4
+    session.conversations.set_setting(chat, TOOLS, False)
     assert session.controller.tools_for(chat) == []
-    assert session.controller.sampling_for(chat).parse_tool_calls is False
 
 
 def test_stopping_while_a_call_is_asked_about_ends_it_not_run(qloop, session, store, chat):
