@@ -2,12 +2,14 @@
 (:file:`kernels/float_linear.cpp`) and many through torch's gemm.
 
 A decode step has one row per reply, and speculative decoding's check of a k-token draft has k + 1. torch's CPU
-gemm reads the weights at a third of its one-row speed for two to sixteen rows (the default model's 49152 x 576
-output head: 8 GB/s for one row, 2.4 for four), so a check of four rows cost as much as three plain steps.
-The kernel reads each weight once per step whatever the rows, and a row's result does not depend on the rows
-beside it, so a reply's check computes exactly what its plain step does. Prefill (many rows) keeps the gemm,
-which is faster there. The rounding differs from torch's (both sum in float32, in another order): relative
-differences of about 1e-7 in each output, the tolerance tests/engine/test_float_linear.py holds the kernel to.
+gemm reads the weights at well under half its one-row speed for two to sixty-four rows (the default model's
+49152 x 576 output head on AMD EPYC: 13 GB/s for one row, 4 to 6 for two to sixty-four), so a check of a few
+rows cost as much as several plain steps. The kernel reads each weight once per step whatever the rows (25 GB/s
+for one row, 20 for four, 8 for thirty-two), and a row's result does not depend on the rows beside it, so a
+reply's check computes exactly what its plain step does. Prefill (many rows) keeps the gemm, which is as fast or
+faster from about a hundred rows. The rounding differs from torch's (both sum in float32, in another order):
+relative differences of about 1e-7 in each output, the tolerance tests/engine/test_native_kernels.py holds the
+kernel to.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import nn
 
 from . import kernels
 
-FEW_ROWS = 16  # up to this many rows go to the kernel (measured: python -m engine.tools.float_linear_bench)
+FEW_ROWS = 64  # up to this many rows go to the kernel: faster than the gemm for 1 to 64 rows of every shape of the default model on AMD EPYC (AVX2), even or slower from 96 (python -m engine.tools.float_linear_bench)
 
 
 class FewRowsLinear(nn.Linear):

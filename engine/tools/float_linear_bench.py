@@ -1,4 +1,4 @@
-"""What a float32 linear layer costs on this CPU for 1 to 16 rows of activations: torch's gemm against the native
+"""What a float32 linear layer costs on this CPU for 1 to 128 rows of activations: torch's gemm against the native
 few-rows kernel, on the default model's shapes: ``python -m engine.tools.float_linear_bench``.
 
 Each shape has enough copies of its weight (200 MB in all) that every call reads its weights from memory, as a
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = {"output head": (49152, 576), "MLP gate/up": (1536, 576), "MLP down": (576, 1536), "attention": (576, 576)}
-ROWS = (1, 2, 3, 4, 6, 9, 12, 16, 24)
+ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 COPIES_BYTES = 200e6
 
 
