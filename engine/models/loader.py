@@ -14,6 +14,7 @@ from ..devices import choose_quantization, resolve_dtype
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..step import kernels
 from ..step.attention import register as register_attention
+from ..step.float_linear import use_few_rows_kernel
 from ..step.quantization import module_bytes, quantize_model
 from ..templates.chat_template import ChatTemplate
 from ..templates.sandbox import shared_sandbox
@@ -112,6 +113,7 @@ def load_model(
             quantize_model(model, quantization, dtype, device, lambda f: report(0.6 + 0.35 * f, phrase))
         report(0.95, f"moving to {device}")
         model = model.to(device).eval()
+        use_few_rows_kernel(model, device)
     report(1.0, "ready")
     return LoadedModel(
         model=model,

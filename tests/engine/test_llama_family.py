@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from engine import Engine, EngineConfig
 from engine.models.llama_family import LlamaFamilyModel, RMSNorm, RotaryEmbedding, transformers_view
 from engine.models.skeleton import empty_model, unfilled
+from engine.step.float_linear import use_few_rows_kernel
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.lean_decoder import LeanDecoder
 from tests.helpers.tiny_models import ARCHITECTURES, COMMON
@@ -34,6 +35,7 @@ def _config(arch: str, **overrides):
 def _ours_over(reference: torch.nn.Module) -> LlamaFamilyModel:
     ours = LlamaFamilyModel(reference.config, torch.float32)
     ours.load_state_dict(reference.state_dict(), strict=True, assign=True)
+    use_few_rows_kernel(ours, torch.device("cpu"))  # the same linear arithmetic as the loaded reference
     return ours
 
 
@@ -110,6 +112,7 @@ def test_rms_norm_matches_in_low_precision():
 def test_transformers_view_runs_transformers_forward_over_the_same_weights():
     reference = _randomised(AutoModelForCausalLM.from_config(_config("qwen3", tie_word_embeddings=True)), 7)
     reference.tie_weights()
+    use_few_rows_kernel(reference, torch.device("cpu"))  # as the loader does, and as _ours_over does to ours
     ours = _ours_over(reference)
     ours.tie_weights()
     assert ours.lm_head.weight is ours.model.embed_tokens.weight

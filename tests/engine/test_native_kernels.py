@@ -35,7 +35,7 @@ def test_the_slower_flavours_compute_the_same(flavour):
     tests too, each in a process of its own: one build of the kernels loads per process."""
     if flavour not in [f.name for f in kernels.runnable_flavours()]:
         pytest.skip(f"this CPU does not run the {flavour} flavour")
-    checks = "build or exact or rounded or equals_its_formula or held_exactly"
+    checks = "build or exact or rounded or equals_its_formula or held_exactly or float_linear"
     command = [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-k", checks, "-p", "no:cacheprovider"]
     done = subprocess.run(command, env={**os.environ, kernels.FLAVOUR_ENV: flavour}, capture_output=True, text=True,
                           timeout=600)
@@ -96,6 +96,48 @@ def _exact_blocks(kind: str, outputs: int, blocks: int, seed: int) -> tuple[torc
 
 def _as_bytes(values: torch.Tensor) -> torch.Tensor:
     return values.contiguous().view(torch.uint8).reshape(*values.shape, -1)
+
+
+@pytest.mark.parametrize("in_features, out_features", [(576, 1536), (13, 7), (64, 9), (1000, 41)])
+def test_float_linear_equals_its_formula(in_features, out_features):
+    """Float32 rows times a float32 weight (and bias) within float32's rounding of a float64 sum, for inputs
+    that are and are not a multiple of the eight lanes, output counts that do and do not fill the groups of four
+    weight rows, and every row count up to past the tiles of three."""
+    assert kernels.available(), kernels.status().detail
+    g = torch.Generator().manual_seed(in_features)
+    weight = torch.randn(out_features, in_features, generator=g)
+    bias = torch.randn(out_features, generator=g)
+    for rows in [*range(1, 11), 16, 17]:
+        x = torch.randn(rows, in_features, generator=g)
+        want = x.double() @ weight.double().t() + bias.double()
+        got = ops.float_linear(x, weight, bias)
+        # each output: a float32 sum of in_features products, so its error is bounded by in_features ulps of
+        # the sum of the products' sizes
+        bound = (x.double().abs() @ weight.double().abs().t() + bias.double().abs()) * in_features * 2 ** -24
+        assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+        assert bool(((got.double() - want).abs() <= bound).all()), f"{rows} rows"
+        assert torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+    assert torch.equal(ops.float_linear(x, weight, None) + bias, got)
+
+
+def test_float_linear_is_exact_for_every_row_count():
+    """A row's outputs are the same bits alone and beside any number of other rows (decode and a speculative
+    check compute the same)."""
+    assert kernels.available(), kernels.status().detail
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(45, 203, generator=g)
+    x = torch.randn(17, 203, generator=g)
+    alone = torch.cat([ops.float_linear(x[i:i + 1], weight, None) for i in range(17)])
+    for rows in range(1, 18):
+        assert torch.equal(ops.float_linear(x[:rows], weight, None), alone[:rows]), f"{rows} rows"
+
+
+def test_float_linear_refuses_what_it_cannot_multiply():
+    assert kernels.available(), kernels.status().detail
+    with pytest.raises(RuntimeError, match="must agree"):
+        ops.float_linear(torch.zeros(2, 8), torch.zeros(3, 9), None)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        ops.float_linear(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(3, 8, dtype=torch.float64), None)
 
 
 def _exact_activations(rows: int, blocks: int, seed: int) -> torch.Tensor:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("block_quant.cpp", "layer_ops.cpp", "decode_step.cpp")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("block_quant.cpp", "layer_ops.cpp", "decode_step.cpp", "float_linear.cpp")]
 HEADER = Path(__file__).with_name("kernels.h")
 LIBRARY_NAMESPACE = "kvasir_kernels"
 PREBUILT = Path(__file__).with_name("prebuilt")  # a packaged app's copies (packaging/build.py): users have no compiler
