@@ -15,6 +15,7 @@ from engine.models.model_info import read_model_info
 from engine.models.sources import resolve_source
 from engine.step import kernels
 from engine.step.block_linear import BlockQuantLinear
+from engine.step.float_linear import FewRowsLinear
 from engine.step.packed_linear import Int4Linear, Int8Linear
 from engine.step.quantization import import_bitsandbytes
 from engine.tools.plain_attention import plain_attention
@@ -24,8 +25,9 @@ from tests.helpers.tiny_gguf import write_tiny_llama_gguf
 bnb = import_bitsandbytes()
 NATIVE = kernels.available()  # the CPU's packed layers: native Q4_1 / Q8_0 blocks, else torch's packed kernels
 INT4_TYPE, W8_TYPE = (BlockQuantLinear, BlockQuantLinear) if NATIVE else (Int4Linear, Int8Linear)
+FLOAT_TYPE = FewRowsLinear if NATIVE else torch.nn.Linear  # float32 layers on the CPU: few rows go native
 LAYER_TYPE = {
-    "none": torch.nn.Linear, "int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit, "fp4": bnb.nn.Linear4bit,
+    "none": FLOAT_TYPE, "int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit, "fp4": bnb.nn.Linear4bit,
     "int4": INT4_TYPE, "w8": W8_TYPE,
 }
 BLOCK_KIND = {"int4": "q4_1", "w8": "q8_0"}
@@ -51,7 +53,7 @@ def test_linear_layers_are_swapped_and_the_rest_is_kept(engines, mode):
     model = engines[mode].loaded.model
     attn = model.model.layers[0].self_attn
     assert type(attn.q_proj) is LAYER_TYPE[mode] and type(model.model.layers[1].mlp.down_proj) is LAYER_TYPE[mode]
-    head_type = W8_TYPE if mode in PACKED_MODES else torch.nn.Linear  # packed modes pack the head too
+    head_type = W8_TYPE if mode in PACKED_MODES else FLOAT_TYPE  # packed modes pack the head too
     assert type(model.lm_head) is head_type
     if NATIVE and mode in PACKED_MODES:
         assert attn.q_proj.kind == BLOCK_KIND[mode] and model.lm_head.kind == "q8_0"

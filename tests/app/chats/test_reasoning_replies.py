@@ -111,7 +111,7 @@ def test_a_remote_servers_reasoning_is_kept_and_not_sent_back(qloop, session, st
         session.sources.run_on(chat, RemoteChoice(server.id, "stub-model"))
         real_stream = session.remote.stream
 
-        def reasoning_stream(choice, messages, sampling):
+        def reasoning_stream(choice, messages, sampling, tool_choice=None):
             async def outputs():
                 yield _output("", 1, None, (), "Thinking hard", 1)
                 yield _output("Paris", 2, "stop", (), "Thinking hard", 1)
