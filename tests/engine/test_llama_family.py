@@ -9,8 +9,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from engine import Engine, EngineConfig
 from engine.models.llama_family import LlamaFamilyModel, RMSNorm, RotaryEmbedding, transformers_view
 from engine.models.skeleton import empty_model, unfilled
-from engine.step.float_linear import use_few_rows_kernel
 from engine.step.attention import SequenceSlice, build_metadata
+from engine.step.float_linear import use_few_rows_kernel
 from engine.step.lean_decoder import LeanDecoder
 from tests.helpers.tiny_models import ARCHITECTURES, COMMON
 
