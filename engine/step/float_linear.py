@@ -19,7 +19,9 @@ from torch import nn
 
 from . import kernels
 
-FEW_ROWS = 64  # up to this many rows go to the kernel: faster than the gemm for 1 to 64 rows of every shape of the default model on AMD EPYC (AVX2), even or slower from 96 (python -m engine.tools.float_linear_bench)
+# up to this many rows go to the kernel: faster than the gemm for 1 to 64 rows of every shape of the default model
+# on AMD EPYC (AVX2), even or slower from 96 (python -m engine.tools.float_linear_bench)
+FEW_ROWS = 64
 
 
 class FewRowsLinear(nn.Linear):

@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         for rows in ROWS:
             x = torch.randn(rows, inputs, generator=generator)
             with torch.inference_mode():
-                gemm = best_time(lambda w: F.linear(x, w), weights, args.repeats)
-                native = best_time(lambda w: kernel(x, w, None), weights, args.repeats)
+                gemm = best_time(lambda w, x=x: F.linear(x, w), weights, args.repeats)
+                native = best_time(lambda w, x=x: kernel(x, w, None), weights, args.repeats)
             print(f"{name:<12} {rows:>4} {gemm * 1e3:>9.3f} {size / gemm / 1e9:>5.1f} {native * 1e3:>9.3f} "
                   f"{size / native / 1e9:>5.1f} {gemm / native:>5.2f}x")
     return 0
