@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine import Chat, SamplingParams
+from engine.remote.client import ToolChoice
 from engine.routing.router import AUTO, Request, Router
 
 from ..data.remote_store import SETTING, RemoteChoice, choice_of
@@ -162,7 +163,7 @@ def _as_sent_to_server(message: dict) -> dict:
     return {key: value for key, value in message.items() if key != "reasoning_content"}
 
 
-def _openai_tool_choice(forced: str | None) -> str | dict | None:
+def _openai_tool_choice(forced: str | None) -> ToolChoice:
     """OpenAI's ``tool_choice`` for a forced call (None: not sent, so the model decides)."""
     if forced is None or forced == REQUIRED:
         return forced

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine import Chat, RequestOutput, SamplingParams
 from engine.remote import RemoteClient, RemoteError, RemoteModel, ServerMetrics
-from engine.remote.client import new_request_id
+from engine.remote.client import ToolChoice, new_request_id
 from engine.remote.metrics import HitRateWindow
 
 from ..data.remote_store import RemoteChoice, RemoteServer, RemoteServerStore
@@ -118,15 +118,15 @@ class RemoteEngines(QObject):
 
     # -- replies --------------------------------------------------------------------------------------
 
-    def stream(self, choice: RemoteChoice, messages: list[dict] | Chat, sampling: SamplingParams,
-               tool_choice: str | dict | None = None) -> RemoteReply:
-        """A reply from ``choice``'s server (``messages``: a list, or a :class:`Chat` with tools, which
-        ``tool_choice`` may hold the reply to); raises RemoteError when that server is no longer set up."""
+    def stream(self, choice: RemoteChoice, chat: Chat, sampling: SamplingParams,
+               tool_choice: ToolChoice = None) -> RemoteReply:
+        """A reply to ``chat`` (its messages and tools, which ``tool_choice`` may hold the reply to) from
+        ``choice``'s server; raises RemoteError when that server is no longer set up."""
         server = self.server(choice.server_id)
         if server is None:
             raise RemoteError("this chat ran on a remote server that has been removed; pick a model in the "
                               "model bar to go on")
-        return RemoteReply(self, choice, messages, sampling, tool_choice)
+        return RemoteReply(self, choice, chat, sampling, tool_choice)
 
     # -- live metrics ---------------------------------------------------------------------------------
 
@@ -183,10 +183,10 @@ class RemoteReply:
     """A reply being written by a remote server, shaped like the local engine's (a ``ReplyStream``): its
     ``request_id`` at once, its outputs with ``async for``; leaving the loop closes the connection."""
 
-    def __init__(self, engines: RemoteEngines, choice: RemoteChoice, messages: list[dict] | Chat,
-                 sampling: SamplingParams, tool_choice: str | dict | None = None) -> None:
-        self.engines, self.choice, self.messages, self.sampling = engines, choice, messages, sampling
-        self.tool_choice = tool_choice
+    def __init__(self, engines: RemoteEngines, choice: RemoteChoice, chat: Chat, sampling: SamplingParams,
+                 tool_choice: ToolChoice = None) -> None:
+        self.engines, self.choice, self.chat, self.sampling, self.tool_choice = (
+            engines, choice, chat, sampling, tool_choice)
         self.request_id = new_request_id()
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
@@ -194,6 +194,6 @@ class RemoteReply:
 
     async def _run(self) -> AsyncIterator[RequestOutput]:
         client = await self.engines.client(self.choice.server_id)
-        async for out in client.stream_chat(self.messages, self.sampling, self.choice.model, self.request_id,
+        async for out in client.stream_chat(self.chat, self.sampling, self.choice.model, self.request_id,
                                             self.tool_choice):
             yield out
