@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -31,15 +32,17 @@ void check_rows(const at::Tensor& t, const char* name) {
               name, " must be a float32 matrix with contiguous rows");
 }
 
-// Sum of a[j] * b[j], in eight independent partial sums the compiler can keep in one vector register.
-inline float dot(const float* a, const float* b, int64_t n) {
+// Sum of a[j] * b[j], in eight independent partial sums the compiler can keep in one vector register. b may be
+// stored in float16 or bfloat16 (a KV cache's format), read as float32.
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
   float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    for (int u = 0; u < 8; ++u) partial[u] += a[j + u] * b[j + u];
+    for (int u = 0; u < 8; ++u) partial[u] += a[j + u] * static_cast<float>(b[j + u]);
   }
   float total = 0.f;
-  for (; j < n; ++j) total += a[j] * b[j];
+  for (; j < n; ++j) total += a[j] * static_cast<float>(b[j]);
   for (int u = 0; u < 8; ++u) total += partial[u];
   return total;
 }
@@ -68,13 +71,24 @@ inline __m256 exp8(__m256 x) {
 #endif
 
 #ifdef KVASIR_AVX2
-// q . (k[p] + offset) for eight rows k[p] of `dim` floats (a multiple of 8), as one vector
-inline __m256 dot8(const float* q, const float* const* k, int64_t offset, int64_t dim) {
+// eight stored values as float32
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8(const at::BFloat16* p) {  // a bfloat16 is the high half of a float32
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// q . (k[p] + offset) for eight rows k[p] of `dim` values (a multiple of 8), as one vector
+template <typename T>
+inline __m256 dot8(const float* q, const T* const* k, int64_t offset, int64_t dim) {
   __m256 acc[8];
   for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
   for (int64_t j = 0; j < dim; j += 8) {
     const __m256 qj = _mm256_loadu_ps(q + j);
-    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(qj, _mm256_loadu_ps(k[p] + offset + j), acc[p]);
+    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(qj, load8(k[p] + offset + j), acc[p]);
   }
   // pairwise sums: lane p of the result is the sum of acc[p]'s eight lanes
   const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
@@ -104,32 +118,34 @@ float exp_shifted(float* row, int64_t n, float top) {
 }
 
 #ifdef KVASIR_AVX2
-inline void prefetch(const float* start, int64_t bytes) {
+inline void prefetch(const void* start, int64_t bytes) {
   const char* first = reinterpret_cast<const char*>(start);
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(first + line, _MM_HINT_T0);
 }
 
 // out[0 .. 8 * Vectors) = sum over positions of p[pos] * (values[pos] + offset)[0 .. 8 * Vectors), positions in order
-template <int Vectors>
-inline void accumulate_values(const float* p, const float* const* values, int64_t length, int64_t offset, float* out) {
+template <int Vectors, typename T>
+inline void accumulate_values(const float* p, const T* const* values, int64_t length, int64_t offset, float* out) {
   __m256 acc[Vectors];
   for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_setzero_ps();
   for (int64_t pos = 0; pos < length; ++pos) {
     const __m256 weight = _mm256_set1_ps(p[pos]);
-    const float* v = values[pos] + offset;
-    if (pos + 8 < length) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(float));
-    for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * u), acc[u]);
+    const T* v = values[pos] + offset;
+    if (pos + 8 < length) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(T));
+    for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_fmadd_ps(weight, load8(v + 8 * u), acc[u]);
   }
   for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out + 8 * u, acc[u]);
 }
 #endif
 
 // Softmax(q . k * scale) v for one sequence's query heads of kv heads [first, last): each cached position's
-// keys and values for those heads are one contiguous run, read once for all their query heads.
+// keys and values for those heads are one contiguous run, read once for all their query heads. T: how the cache
+// stores them (float32, float16 or bfloat16; q8_0 is read into float32 first).
+template <typename T>
 struct PagedKV {
-  const float *keys, *values;
+  const T *keys, *values;
   int64_t num_blocks, block_size, kv_heads, dim;
-  const float* row(const float* cache, const int64_t* table, int64_t pos, int64_t first) const {
+  const T* row(const T* cache, const int64_t* table, int64_t pos, int64_t first) const {
     const int64_t block = table[pos / block_size];
     TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
     return cache + ((block * block_size + pos % block_size) * kv_heads + first) * dim;
@@ -222,15 +238,16 @@ void store_q8_0(const float* values, int64_t count, int8_t* quants, at::Half* sc
   }
 }
 
-void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, const float* q, float* o,
+template <typename T>
+void attend_sequence(const PagedKV<T>& kv, const int64_t* table, int64_t length, const float* q, float* o,
                      int64_t first, int64_t last, int64_t group, float scale, std::vector<float>& scores) {
   const int64_t rows = (last - first) * group, dim = kv.dim;  // query heads here; each row of q is one head
   scores.resize(static_cast<size_t>(rows * length));
   int64_t pos = 0;
 #ifdef KVASIR_AVX2
   if (dim % 8 == 0) {  // eight positions at a time: their dot products leave as one vector of scores
-    const float* k[8];
-    const int64_t row_bytes = (last - first) * dim * static_cast<int64_t>(sizeof(float));
+    const T* k[8];
+    const int64_t row_bytes = (last - first) * dim * static_cast<int64_t>(sizeof(T));
     for (; pos + 8 <= length; pos += 8) {
       for (int p = 0; p < 8; ++p) k[p] = kv.row(kv.keys, table, pos + p, first);
       // the cache is read once and from memory: ask for the keys two rounds ahead while these are multiplied
@@ -246,7 +263,7 @@ void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, co
   }
 #endif
   for (; pos < length; ++pos) {
-    const float* k = kv.row(kv.keys, table, pos, first);
+    const T* k = kv.row(kv.keys, table, pos, first);
     for (int64_t h = 0; h < rows; ++h) scores[h * length + pos] = dot(q + h * dim, k + (h / group) * dim, dim) * scale;
   }
   for (int64_t h = 0; h < rows; ++h) {
@@ -257,10 +274,11 @@ void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, co
   int64_t done = 0;  // features of every head already written
 #ifdef KVASIR_AVX2
   if (dim % 8 == 0) {
-    std::vector<const float*> values(static_cast<size_t>(length));
+    thread_local std::vector<const T*> values;
+    values.resize(static_cast<size_t>(length));
     for (int64_t pos = 0; pos < length; ++pos) values[pos] = kv.row(kv.values, table, pos, first);
     for (int64_t pos = 0; pos < std::min<int64_t>(8, length); ++pos) {
-      prefetch(values[pos], (last - first) * dim * static_cast<int64_t>(sizeof(float)));
+      prefetch(values[pos], (last - first) * dim * static_cast<int64_t>(sizeof(T)));
     }
     for (int64_t h = 0; h < rows; ++h) {
       // 64 features of one head's output stay in eight registers while every position adds into them
@@ -276,12 +294,12 @@ void attend_sequence(const PagedKV& kv, const int64_t* table, int64_t length, co
 #endif
   for (int64_t h = 0; h < rows; ++h) std::fill(o + h * dim + done, o + (h + 1) * dim, 0.f);
   for (int64_t pos = 0; pos < length && done < dim; ++pos) {
-    const float* v = kv.row(kv.values, table, pos, first);
+    const T* v = kv.row(kv.values, table, pos, first);
     for (int64_t h = 0; h < rows; ++h) {
       const float p = scores[h * length + pos];
-      const float* vh = v + (h / group) * dim;
+      const T* vh = v + (h / group) * dim;
       float* oh = o + h * dim;
-      for (int64_t j = done; j < dim; ++j) oh[j] += p * vh[j];
+      for (int64_t j = done; j < dim; ++j) oh[j] += p * static_cast<float>(vh[j]);
     }
   }
 }
@@ -393,10 +411,12 @@ void store_kv(const float* values, int64_t count, at::Tensor& cache, at::Tensor&
   }
 }
 
-// A cache of another stored format than float32: per task, the sequence's keys and values for its kv heads are
-// first read into float32 rows of one contiguous block, then attended as a float32 cache is. That block is the
-// sequence's length x its kv heads' width: 1.5 MiB for 2,048 tokens of the default model's three heads, but
-// 128 MiB at 32K tokens of eight 128-wide heads (a tiled version would bound it; not needed for the models here).
+// float32, float16 and bfloat16 caches are read in place, each value converted as it is loaded (at long contexts
+// a decode step is as fast as the cache's bytes are read, so a 16-bit cache is the faster one). A q8_0 cache:
+// per task, the sequence's keys and values for its kv heads are first read into float32 rows of one contiguous
+// block, then attended as a float32 cache is. That block is the sequence's length x its kv heads' width: 1.5 MiB
+// for 2,048 tokens of the default model's three heads, but 128 MiB at 32K tokens of eight 128-wide heads (a tiled
+// version would bound it; not needed for the models here).
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                   const at::Tensor& key_scales, const at::Tensor& value_scales,
                                   const at::Tensor& block_tables, const at::Tensor& lengths, int64_t heads,
@@ -423,15 +443,24 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "sequence length out of its block table");
   }
   at::Tensor out = at::empty({batch, heads * dim}, query.options());
-  const bool in_place = format == Stored::kFloat;
-  const PagedKV kv{in_place ? key_cache.data_ptr<float>() : nullptr, in_place ? value_cache.data_ptr<float>() : nullptr,
-                   key_cache.size(0), block_size, kv_heads, dim};
+  const int64_t num_blocks = key_cache.size(0);
+  const auto in_place = [&](auto stored) {  // the cache as stored, where its format is `stored`'s type
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(stored)>>;
+    const bool same = at::CppTypeToScalarType<T>::value == key_cache.scalar_type();
+    return PagedKV<T>{same ? key_cache.data_ptr<T>() : nullptr, same ? value_cache.data_ptr<T>() : nullptr,
+                      num_blocks, block_size, kv_heads, dim};
+  };
+  const PagedKV<float> floats = in_place(static_cast<const float*>(nullptr));
+  const PagedKV<at::Half> halves = in_place(static_cast<const at::Half*>(nullptr));
+  const PagedKV<at::BFloat16> bfloats = in_place(static_cast<const at::BFloat16*>(nullptr));
   const at::Half* key_scale = format == Stored::kQ8_0 ? key_scales.data_ptr<at::Half>() : nullptr;
   const at::Half* value_scale = format == Stored::kQ8_0 ? value_scales.data_ptr<at::Half>() : nullptr;
   // a task per sequence where there are enough of them, else per sequence and kv head
   const int64_t splits = batch >= 2 * at::get_num_threads() ? 1 : kv_heads;
   at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, keys, values;
+    // each thread's buffers outlive the call: a long sequence's keys and values in float32 are megabytes, which a
+    // fresh vector would map, fault in page by page and zero in every layer of every step
+    thread_local std::vector<float> scores, keys, values;
     const int64_t zero_block = 0;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits, part = task % splits, length = lens[b];
@@ -439,22 +468,25 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
       const float* q = query.data_ptr<float>() + b * query.stride(0) + first * group * dim;
       float* o = out.data_ptr<float>() + b * heads * dim + first * group * dim;
       const int64_t* table = tables + b * width;
-      if (in_place) {
-        attend_sequence(kv, table, length, q, o, first, last, group, static_cast<float>(scale), scores);
-        continue;
+      const float s = static_cast<float>(scale);
+      switch (format) {
+        case Stored::kFloat: attend_sequence(floats, table, length, q, o, first, last, group, s, scores); continue;
+        case Stored::kHalf: attend_sequence(halves, table, length, q, o, first, last, group, s, scores); continue;
+        case Stored::kBFloat16: attend_sequence(bfloats, table, length, q, o, first, last, group, s, scores); continue;
+        case Stored::kQ8_0: break;
       }
       const int64_t run = (last - first) * dim;  // one position's values for these kv heads
       keys.resize(static_cast<size_t>(length * run));
       values.resize(static_cast<size_t>(length * run));
       for (int64_t pos = 0; pos < length; ++pos) {
         const int64_t block = table[pos / block_size];
-        TORCH_CHECK(block >= 0 && block < kv.num_blocks, "block id out of the cache");
+        TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
         const int64_t offset = ((block * block_size + pos % block_size) * kv_heads + first) * dim;
         load_kv(format, key_cache.data_ptr(), key_scale, offset, run, keys.data() + pos * run);
         load_kv(format, value_cache.data_ptr(), value_scale, offset, run, values.data() + pos * run);
       }
-      const PagedKV rows{keys.data(), values.data(), 1, length, last - first, dim};
-      attend_sequence(rows, &zero_block, length, q, o, 0, last - first, group, static_cast<float>(scale), scores);
+      const PagedKV<float> rows{keys.data(), values.data(), 1, length, last - first, dim};
+      attend_sequence(rows, &zero_block, length, q, o, 0, last - first, group, s, scores);
     }
   });
   return out;
