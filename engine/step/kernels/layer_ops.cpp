@@ -15,9 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -171,55 +169,22 @@ Stored stored_format(const at::Tensor& cache, const at::Tensor& scales) {
   }
 }
 
-// out[0 .. count) = the stored values from element `offset` on, as float32
-void load_kv(Stored format, const void* data, const at::Half* scales, int64_t offset, int64_t count, float* out) {
-  switch (format) {
-    case Stored::kFloat:
-      std::copy_n(static_cast<const float*>(data) + offset, count, out);
-      return;
-    case Stored::kBFloat16: {
-      const uint16_t* in = static_cast<const uint16_t*>(data) + offset;
-      int64_t j = 0;
+// out[0 .. count) = a q8_0 cache's values from element `offset` on, as float32 (the 16- and 32-bit formats are
+// read in place: PagedKV<T>)
+void load_q8_0(const int8_t* data, const at::Half* scales, int64_t offset, int64_t count, float* out) {
+  const int8_t* in = data + offset;
+  const at::Half* scale = scales + offset / kQ8Group;
+  for (int64_t g = 0; g < count / kQ8Group; ++g) {
+    const float d = static_cast<float>(scale[g]);
+    int64_t j = g * kQ8Group;
 #ifdef KVASIR_AVX2
-      for (; j + 8 <= count; j += 8) {  // a bfloat16 is the high half of a float32
-        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j)));
-        _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
-      }
-#endif
-      for (; j < count; ++j) {
-        const uint32_t bits = static_cast<uint32_t>(in[j]) << 16;
-        std::memcpy(out + j, &bits, sizeof(float));
-      }
-      return;
+    const __m256 step = _mm256_set1_ps(d);
+    for (; j < (g + 1) * kQ8Group; j += 8) {
+      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + j)));
+      _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(wide), step));
     }
-    case Stored::kHalf: {
-      const at::Half* in = static_cast<const at::Half*>(data) + offset;
-      int64_t j = 0;
-#ifdef KVASIR_AVX2
-      for (; j + 8 <= count; j += 8) {
-        _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j))));
-      }
 #endif
-      for (; j < count; ++j) out[j] = static_cast<float>(in[j]);
-      return;
-    }
-    case Stored::kQ8_0: {
-      const int8_t* in = static_cast<const int8_t*>(data) + offset;
-      const at::Half* scale = scales + offset / kQ8Group;
-      for (int64_t g = 0; g < count / kQ8Group; ++g) {
-        const float d = static_cast<float>(scale[g]);
-        int64_t j = g * kQ8Group;
-#ifdef KVASIR_AVX2
-        const __m256 step = _mm256_set1_ps(d);
-        for (; j < (g + 1) * kQ8Group; j += 8) {
-          const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + j)));
-          _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(wide), step));
-        }
-#endif
-        for (; j < (g + 1) * kQ8Group; ++j) out[j] = static_cast<float>(in[j]) * d;
-      }
-      return;
-    }
+    for (; j < (g + 1) * kQ8Group; ++j) out[j] = static_cast<float>(in[j]) * d;
   }
 }
 
@@ -236,6 +201,12 @@ void store_q8_0(const float* values, int64_t count, int8_t* quants, at::Half* sc
     }
     scales[g] = at::Half(d);
   }
+}
+
+// A cache stored as T, read where it lies
+template <typename T>
+PagedKV<T> in_place(const at::Tensor& keys, const at::Tensor& values) {
+  return {keys.data_ptr<T>(), values.data_ptr<T>(), keys.size(0), keys.size(1), keys.size(2), keys.size(3)};
 }
 
 template <typename T>
@@ -444,15 +415,6 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   }
   at::Tensor out = at::empty({batch, heads * dim}, query.options());
   const int64_t num_blocks = key_cache.size(0);
-  const auto in_place = [&](auto stored) {  // the cache as stored, where its format is `stored`'s type
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(stored)>>;
-    const bool same = at::CppTypeToScalarType<T>::value == key_cache.scalar_type();
-    return PagedKV<T>{same ? key_cache.data_ptr<T>() : nullptr, same ? value_cache.data_ptr<T>() : nullptr,
-                      num_blocks, block_size, kv_heads, dim};
-  };
-  const PagedKV<float> floats = in_place(static_cast<const float*>(nullptr));
-  const PagedKV<at::Half> halves = in_place(static_cast<const at::Half*>(nullptr));
-  const PagedKV<at::BFloat16> bfloats = in_place(static_cast<const at::BFloat16*>(nullptr));
   const at::Half* key_scale = format == Stored::kQ8_0 ? key_scales.data_ptr<at::Half>() : nullptr;
   const at::Half* value_scale = format == Stored::kQ8_0 ? value_scales.data_ptr<at::Half>() : nullptr;
   // a task per sequence where there are enough of them, else per sequence and kv head
@@ -470,9 +432,17 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
       const int64_t* table = tables + b * width;
       const float s = static_cast<float>(scale);
       switch (format) {
-        case Stored::kFloat: attend_sequence(floats, table, length, q, o, first, last, group, s, scores); continue;
-        case Stored::kHalf: attend_sequence(halves, table, length, q, o, first, last, group, s, scores); continue;
-        case Stored::kBFloat16: attend_sequence(bfloats, table, length, q, o, first, last, group, s, scores); continue;
+        case Stored::kFloat:
+          attend_sequence(in_place<float>(key_cache, value_cache), table, length, q, o, first, last, group, s, scores);
+          continue;
+        case Stored::kHalf:
+          attend_sequence(in_place<at::Half>(key_cache, value_cache), table, length, q, o, first, last, group, s,
+                          scores);
+          continue;
+        case Stored::kBFloat16:
+          attend_sequence(in_place<at::BFloat16>(key_cache, value_cache), table, length, q, o, first, last, group, s,
+                          scores);
+          continue;
         case Stored::kQ8_0: break;
       }
       const int64_t run = (last - first) * dim;  // one position's values for these kv heads
@@ -482,8 +452,8 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
         const int64_t block = table[pos / block_size];
         TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
         const int64_t offset = ((block * block_size + pos % block_size) * kv_heads + first) * dim;
-        load_kv(format, key_cache.data_ptr(), key_scale, offset, run, keys.data() + pos * run);
-        load_kv(format, value_cache.data_ptr(), value_scale, offset, run, values.data() + pos * run);
+        load_q8_0(key_cache.data_ptr<int8_t>(), key_scale, offset, run, keys.data() + pos * run);
+        load_q8_0(value_cache.data_ptr<int8_t>(), value_scale, offset, run, values.data() + pos * run);
       }
       const PagedKV<float> rows{keys.data(), values.data(), 1, length, last - first, dim};
       attend_sequence(rows, &zero_block, length, q, o, 0, last - first, group, s, scores);
