@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from engine import Engine, EngineConfig
+from engine.serving.kv_cache import KVCache, KVShape
+from engine.serving.kv_format import FORMATS
 from engine.step import kernels
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.block_linear import BlockQuantLinear, fuse, quantize_q4_1, quantize_q8_0
@@ -42,6 +44,7 @@ def test_the_slower_flavours_compute_the_same(flavour):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "deselected" in done.stdout
 ops = torch.ops.kvasir_kernels
+CPU = torch.device("cpu")
 
 
 def _round_away(x: torch.Tensor) -> torch.Tensor:
@@ -301,6 +304,34 @@ def test_paged_decode_attention_equals_sdpa_over_each_sequences_blocks():
         torch.testing.assert_close(got[b], want.reshape(-1), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="length"):
         ops.paged_decode_attention(query, keys, values, none, none, tables, torch.tensor([14, 6, 17]), heads, 0.3)
+
+
+@pytest.mark.parametrize(("name", "dim"), [("float32", 64), ("float32", 12), ("float16", 96), ("bfloat16", 64),
+                                         ("q8_0", 96)])
+def test_a_drafted_runs_rows_are_attended_exactly_as_each_row_alone(name, dim):
+    """Rows that continue one sequence (its last token and each draft, one position longer each) are attended
+    together, each key read once for all of them: every row's output is bit for bit what it gets alone. The runs
+    cross an eight-position boundary and a 128-position tile of values; a one-row sequence sits between them."""
+    torch.manual_seed(11)
+    blocks, block_size, kv_heads, heads = 24, 16, 2, 6
+    cache = KVCache(KVShape(1, kv_heads, dim, torch.float32, FORMATS[name]), blocks, block_size, CPU)
+    cache.write(0, torch.arange(blocks * block_size), torch.randn(blocks * block_size, kv_heads, dim),
+                torch.randn(blocks * block_size, kv_heads, dim))
+    long_run, short_run = [3, 17, 5, 9, 21, 0, 12, 7, 1, 2], [11, 4, 0, 0, 0, 0, 0, 0, 0, 0]
+    tables = torch.tensor([long_run] * 6 + [[8] + [0] * 9] + [short_run] * 3)
+    lengths = torch.tensor([131, 132, 133, 134, 135, 136, 5, 7, 8, 9])
+    query = torch.randn(len(lengths), heads * dim)
+    scales = (cache.key_scales[0], cache.value_scales[0]) if cache.key_scales else (torch.empty(0),) * 2
+    together = ops.paged_decode_attention(query, cache.keys[0], cache.values[0], *scales, tables, lengths, heads, 0.3)
+    for row in range(len(lengths)):
+        alone = ops.paged_decode_attention(query[row : row + 1], cache.keys[0], cache.values[0], *scales,
+                                           tables[row : row + 1], lengths[row : row + 1], heads, 0.3)
+        assert torch.equal(together[row], alone[0]), f"row {row} differs from the row attended alone"
+    keys, values = cache.read(0, slice(0, blocks))
+    k = keys[tables[5]].reshape(-1, kv_heads, dim)[:136].repeat_interleave(heads // kv_heads, 1)
+    v = values[tables[5]].reshape(-1, kv_heads, dim)[:136].repeat_interleave(heads // kv_heads, 1)
+    want = F.scaled_dot_product_attention(query[5].view(heads, 1, dim), k.transpose(0, 1), v.transpose(0, 1), scale=0.3)
+    torch.testing.assert_close(together[5], want.reshape(-1), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])

@@ -121,15 +121,17 @@ inline void prefetch(const void* start, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(first + line, _MM_HINT_T0);
 }
 
-// out[0 .. 8 * Vectors) = sum over positions of p[pos] * (values[pos] + offset)[0 .. 8 * Vectors), positions in order
+// out[0 .. 8 * Vectors) += p[pos] * (values[pos] + offset)[0 .. 8 * Vectors) for positions [from, to) in order,
+// out taken as zeros where `from` is 0 (a row's positions in tiles give the sums one pass over them gives)
 template <int Vectors, typename T>
-inline void accumulate_values(const float* p, const T* const* values, int64_t length, int64_t offset, float* out) {
+inline void accumulate_values(const float* p, const T* const* values, int64_t from, int64_t to, int64_t offset,
+                              float* out) {
   __m256 acc[Vectors];
-  for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_setzero_ps();
-  for (int64_t pos = 0; pos < length; ++pos) {
+  for (int u = 0; u < Vectors; ++u) acc[u] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * u);
+  for (int64_t pos = from; pos < to; ++pos) {
     const __m256 weight = _mm256_set1_ps(p[pos]);
     const T* v = values[pos] + offset;
-    if (pos + 8 < length) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(T));
+    if (pos + 8 < to) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(T));
     for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_fmadd_ps(weight, load8(v + 8 * u), acc[u]);
   }
   for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out + 8 * u, acc[u]);
@@ -143,10 +145,16 @@ template <typename T>
 struct PagedKV {
   const T *keys, *values;
   int64_t num_blocks, block_size, kv_heads, dim;
-  const T* row(const T* cache, const int64_t* table, int64_t pos, int64_t first) const {
-    const int64_t block = table[pos / block_size];
-    TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
-    return cache + ((block * block_size + pos % block_size) * kv_heads + first) * dim;
+  // where each of positions [0, length) keeps its values for kv heads first.. in `cache` (keys or values), a block
+  // at a time: out[pos]
+  void rows(const T* cache, const int64_t* table, int64_t length, int64_t first, std::vector<const T*>& out) const {
+    out.resize(static_cast<size_t>(length));
+    for (int64_t start = 0; start < length; start += block_size) {
+      const int64_t block = table[start / block_size];
+      TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
+      const T* base = cache + (block * block_size * kv_heads + first) * dim;
+      for (int64_t i = 0; i < std::min(block_size, length - start); ++i) out[start + i] = base + i * kv_heads * dim;
+    }
   }
 };
 
@@ -209,70 +217,151 @@ PagedKV<T> in_place(const at::Tensor& keys, const at::Tensor& values) {
   return {keys.data_ptr<T>(), values.data_ptr<T>(), keys.size(0), keys.size(1), keys.size(2), keys.size(3)};
 }
 
+// The query rows of one step that attend over one sequence: `count` consecutive rows whose lengths are `length`,
+// `length` + 1, ... (a plain decode row is a run of one; a drafted run checked in one step is its last token and
+// each draft). Each row's heads for kv heads [first, last) sit at q + i * q_stride (output at o + i * o_stride).
+struct QueryRun {
+  const float* q;
+  int64_t q_stride;
+  float* o;
+  int64_t o_stride, length, count;
+  int64_t length_of(int64_t i) const { return length + i; }
+};
+
+// scores[r][pos] = q_r . k[pos] * scale for positions [from, to) and head rows r = 0 .. heads, row r reading its
+// kv head's keys (head rows cycle through `rows` query heads, `group` of them per kv head). Eight positions at a
+// time while eight remain before `to`, then one by one: the arithmetic one row alone would get.
 template <typename T>
-void attend_sequence(const PagedKV<T>& kv, const int64_t* table, int64_t length, const float* q, float* o,
-                     int64_t first, int64_t last, int64_t group, float scale, std::vector<float>& scores) {
-  const int64_t rows = (last - first) * group, dim = kv.dim;  // query heads here; each row of q is one head
-  scores.resize(static_cast<size_t>(rows * length));
-  int64_t pos = 0;
+void score_positions(const T* const* keys, int64_t dim, int64_t from, int64_t to, const float* const* q,
+                     float* const* scores, int64_t heads, int64_t rows, int64_t group, float scale) {
+  int64_t pos = from;
 #ifdef KVASIR_AVX2
   if (dim % 8 == 0) {  // eight positions at a time: their dot products leave as one vector of scores
-    const T* k[8];
-    const int64_t row_bytes = (last - first) * dim * static_cast<int64_t>(sizeof(T));
-    for (; pos + 8 <= length; pos += 8) {
-      for (int p = 0; p < 8; ++p) k[p] = kv.row(kv.keys, table, pos + p, first);
+    const int64_t row_bytes = rows / group * dim * static_cast<int64_t>(sizeof(T));  // these kv heads' keys
+    for (; pos + 8 <= to; pos += 8) {
+      const T* const* k = keys + pos;
       // the cache is read once and from memory: ask for the keys two rounds ahead while these are multiplied
-      for (int64_t ahead = pos + 16; ahead < std::min(pos + 24, length); ++ahead) {
-        prefetch(kv.row(kv.keys, table, ahead, first), row_bytes);
-      }
-      for (int64_t h = 0; h < rows; ++h) {
-        const int64_t offset = (h / group) * dim;
-        _mm256_storeu_ps(scores.data() + h * length + pos,
-                         _mm256_mul_ps(dot8(q + h * dim, k, offset, dim), _mm256_set1_ps(scale)));
+      for (int64_t ahead = pos + 16; ahead < std::min(pos + 24, to); ++ahead) prefetch(keys[ahead], row_bytes);
+      for (int64_t r = 0; r < heads; ++r) {
+        const int64_t offset = (r % rows / group) * dim;
+        _mm256_storeu_ps(scores[r] + pos, _mm256_mul_ps(dot8(q[r], k, offset, dim), _mm256_set1_ps(scale)));
       }
     }
   }
 #endif
-  for (; pos < length; ++pos) {
-    const T* k = kv.row(kv.keys, table, pos, first);
-    for (int64_t h = 0; h < rows; ++h) scores[h * length + pos] = dot(q + h * dim, k + (h / group) * dim, dim) * scale;
+  for (; pos < to; ++pos) {
+    const T* k = keys[pos];
+    for (int64_t r = 0; r < heads; ++r) scores[r][pos] = dot(q[r], k + (r % rows / group) * dim, dim) * scale;
   }
-  for (int64_t h = 0; h < rows; ++h) {
-    float* row = scores.data() + h * length;
+}
+
+// Softmax(q . k * scale) v for a run of query rows (QueryRun) and their query heads of kv heads [first, last):
+// each cached position's keys and values for those heads are one contiguous run, read from memory once for all
+// the rows and heads. Every row's result is bit for bit what it would be attended alone. T: how the cache stores
+// them (float32, float16 or bfloat16; q8_0 is read into float32 first).
+template <typename T>
+void attend_sequence(const PagedKV<T>& kv, const int64_t* table, const QueryRun& run, int64_t first, int64_t last,
+                     int64_t group, float scale, std::vector<float>& scores) {
+  const int64_t rows = (last - first) * group, dim = kv.dim;  // query heads per row
+  const int64_t heads = run.count * rows, longest = run.length_of(run.count - 1);
+  scores.resize(static_cast<size_t>(heads * longest));
+  thread_local std::vector<const float*> q;
+  thread_local std::vector<float*> score_rows, o;
+  q.resize(static_cast<size_t>(heads));
+  score_rows.resize(static_cast<size_t>(heads));
+  o.resize(static_cast<size_t>(heads));
+  for (int64_t r = 0; r < heads; ++r) {
+    q[r] = run.q + r / rows * run.q_stride + r % rows * dim;
+    o[r] = run.o + r / rows * run.o_stride + r % rows * dim;
+    score_rows[r] = scores.data() + r * longest;
+  }
+  auto length_of = [&](int64_t r) { return run.length_of(r / rows); };
+  // the positions every row scores eight at a time, for all rows at once; then each row's own last few
+  int64_t shared = 0;
+#ifdef KVASIR_AVX2
+  if (dim % 8 == 0) shared = run.length / 8 * 8;
+#endif
+  thread_local std::vector<const T*> keys, values;
+  kv.rows(kv.keys, table, longest, first, keys);
+  kv.rows(kv.values, table, longest, first, values);
+  score_positions(keys.data(), dim, 0, shared, q.data(), score_rows.data(), heads, rows, group, scale);
+  for (int64_t i = 0; i < run.count; ++i) {
+    score_positions(keys.data(), dim, shared, run.length_of(i), q.data() + i * rows, score_rows.data() + i * rows,
+                    rows, rows, group, scale);
+  }
+  for (int64_t r = 0; r < heads; ++r) {
+    float* row = score_rows[r];
+    const int64_t length = length_of(r);
     const float inverse = 1.f / exp_shifted(row, length, *std::max_element(row, row + length));
     for (int64_t pos = 0; pos < length; ++pos) row[pos] *= inverse;
   }
   int64_t done = 0;  // features of every head already written
 #ifdef KVASIR_AVX2
   if (dim % 8 == 0) {
-    thread_local std::vector<const T*> values;
-    values.resize(static_cast<size_t>(length));
-    for (int64_t pos = 0; pos < length; ++pos) values[pos] = kv.row(kv.values, table, pos, first);
-    for (int64_t pos = 0; pos < std::min<int64_t>(8, length); ++pos) {
+    for (int64_t pos = 0; pos < std::min<int64_t>(8, longest); ++pos) {
       prefetch(values[pos], (last - first) * dim * static_cast<int64_t>(sizeof(T)));
     }
-    for (int64_t h = 0; h < rows; ++h) {
-      // 64 features of one head's output stay in eight registers while every position adds into them
-      for (int64_t j0 = 0; j0 + 64 <= dim; j0 += 64) {
-        accumulate_values<8>(scores.data() + h * length, values.data(), length, (h / group) * dim + j0, o + h * dim + j0);
-      }
-      for (int64_t j0 = dim / 64 * 64; j0 < dim; j0 += 8) {
-        accumulate_values<1>(scores.data() + h * length, values.data(), length, (h / group) * dim + j0, o + h * dim + j0);
+    // a tile of positions at a time, whose values stay in the core's caches while every head of every row adds
+    // them in: 64 features of one head's output in eight registers over the tile
+    constexpr int64_t kTile = 128;
+    for (int64_t tile = 0; tile < longest; tile += kTile) {
+      for (int64_t r = 0; r < heads; ++r) {
+        const int64_t end = std::min(tile + kTile, length_of(r)), offset = (r % rows / group) * dim;
+        if (tile >= end) continue;
+        for (int64_t j0 = 0; j0 + 64 <= dim; j0 += 64) {
+          accumulate_values<8>(score_rows[r], values.data(), tile, end, offset + j0, o[r] + j0);
+        }
+        for (int64_t j0 = dim / 64 * 64; j0 < dim; j0 += 8) {
+          accumulate_values<1>(score_rows[r], values.data(), tile, end, offset + j0, o[r] + j0);
+        }
       }
     }
     done = dim;
   }
 #endif
-  for (int64_t h = 0; h < rows; ++h) std::fill(o + h * dim + done, o + (h + 1) * dim, 0.f);
-  for (int64_t pos = 0; pos < length && done < dim; ++pos) {
-    const T* v = kv.row(kv.values, table, pos, first);
-    for (int64_t h = 0; h < rows; ++h) {
-      const float p = scores[h * length + pos];
-      const T* vh = v + (h / group) * dim;
-      float* oh = o + h * dim;
-      for (int64_t j = done; j < dim; ++j) oh[j] += p * static_cast<float>(vh[j]);
+  for (int64_t r = 0; r < heads; ++r) std::fill(o[r] + done, o[r] + dim, 0.f);
+  for (int64_t pos = 0; pos < longest && done < dim; ++pos) {
+    const T* v = values[pos];
+    for (int64_t r = 0; r < heads; ++r) {
+      if (pos >= length_of(r)) continue;
+      const float p = score_rows[r][pos];
+      const T* vh = v + (r % rows / group) * dim;
+      for (int64_t j = done; j < dim; ++j) o[r][j] += p * static_cast<float>(vh[j]);
     }
   }
+}
+
+// A share of one step's attention for one thread: rows [row, row + count) of one run, kv heads [first, last)
+struct AttentionTask {
+  int64_t row, count, first, last;
+};
+
+// Rows that continue one another (a drafted run checked in one step: one block table, lengths one apart) are one
+// run, attended together so that each cached position is read once for all of them. A task per run where there
+// are enough of them to keep every thread busy, else per run and kv head, and a long run's rows in pieces too.
+// How rows and heads are shared out never changes a row's arithmetic.
+std::vector<AttentionTask> plan_tasks(const int64_t* tables, const int64_t* lens, int64_t batch, int64_t width,
+                                      int64_t kv_heads, int64_t threads) {
+  std::vector<int64_t> starts{0};
+  for (int64_t b = 1; b < batch; ++b) {
+    const int64_t* before = tables + (b - 1) * width;
+    if (lens[b] != lens[b - 1] + 1 || !std::equal(before, before + width, tables + b * width)) starts.push_back(b);
+  }
+  starts.push_back(batch);
+  const int64_t runs = static_cast<int64_t>(starts.size()) - 1, wanted = 2 * threads;
+  const int64_t splits = runs >= wanted ? 1 : kv_heads;
+  const int64_t pieces = std::max<int64_t>(1, (wanted + runs * splits - 1) / (runs * splits));
+  std::vector<AttentionTask> tasks;
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t count = starts[r + 1] - starts[r], parts = std::min(pieces, count);
+    for (int64_t part = 0; part < parts; ++part) {
+      const int64_t row = starts[r] + part * count / parts, rows = starts[r] + (part + 1) * count / parts - row;
+      for (int64_t head = 0; head < splits; ++head) {
+        tasks.push_back({row, rows, head * kv_heads / splits, (head + 1) * kv_heads / splits});
+      }
+    }
+  }
+  return tasks;
 }
 
 }  // namespace
@@ -358,8 +447,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-// One new query token per sequence, attended over that sequence's first `lengths[b]` cached positions.
-// query: [B, H * D] (rows may be strided), caches: [blocks, block_size, KH, D], block_tables: [B, W] int64.
+// `count` values into a cache of any stored format from element `offset` on
 void store_kv(const float* values, int64_t count, at::Tensor& cache, at::Tensor& scales, int64_t offset) {
   switch (stored_format(cache, scales)) {
     case Stored::kFloat:
@@ -382,6 +470,11 @@ void store_kv(const float* values, int64_t count, at::Tensor& cache, at::Tensor&
   }
 }
 
+// One query token per row, attended over its sequence's first `lengths[b]` cached positions. query: [B, H * D]
+// (rows may be strided), caches: [blocks, block_size, KH, D], block_tables: [B, W] int64. A sequence has one row
+// in a plain decode step and several in a step that checks drafted tokens: its last token's and each draft's,
+// one position longer each.
+//
 // float32, float16 and bfloat16 caches are read in place, each value converted as it is loaded (at long contexts
 // a decode step is as fast as the cache's bytes are read, so a 16-bit cache is the faster one). A q8_0 cache:
 // per task, the sequence's keys and values for its kv heads are first read into float32 rows of one contiguous
@@ -414,49 +507,47 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "sequence length out of its block table");
   }
   at::Tensor out = at::empty({batch, heads * dim}, query.options());
+  const std::vector<AttentionTask> tasks = plan_tasks(tables, lens, batch, width, kv_heads, at::get_num_threads());
   const int64_t num_blocks = key_cache.size(0);
   const at::Half* key_scale = format == Stored::kQ8_0 ? key_scales.data_ptr<at::Half>() : nullptr;
   const at::Half* value_scale = format == Stored::kQ8_0 ? value_scales.data_ptr<at::Half>() : nullptr;
-  // a task per sequence where there are enough of them, else per sequence and kv head
-  const int64_t splits = batch >= 2 * at::get_num_threads() ? 1 : kv_heads;
-  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     // each thread's buffers outlive the call: a long sequence's keys and values in float32 are megabytes, which a
     // fresh vector would map, fault in page by page and zero in every layer of every step
     thread_local std::vector<float> scores, keys, values;
     const int64_t zero_block = 0;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / splits, part = task % splits, length = lens[b];
-      const int64_t first = part * kv_heads / splits, last = (part + 1) * kv_heads / splits;
-      const float* q = query.data_ptr<float>() + b * query.stride(0) + first * group * dim;
-      float* o = out.data_ptr<float>() + b * heads * dim + first * group * dim;
+    for (int64_t t = begin; t < end; ++t) {
+      const AttentionTask& task = tasks[t];
+      const int64_t b = task.row, first = task.first, last = task.last;
+      const QueryRun run{query.data_ptr<float>() + b * query.stride(0) + first * group * dim, query.stride(0),
+                         out.data_ptr<float>() + b * heads * dim + first * group * dim, heads * dim, lens[b],
+                         task.count};
       const int64_t* table = tables + b * width;
       const float s = static_cast<float>(scale);
       switch (format) {
         case Stored::kFloat:
-          attend_sequence(in_place<float>(key_cache, value_cache), table, length, q, o, first, last, group, s, scores);
+          attend_sequence(in_place<float>(key_cache, value_cache), table, run, first, last, group, s, scores);
           continue;
         case Stored::kHalf:
-          attend_sequence(in_place<at::Half>(key_cache, value_cache), table, length, q, o, first, last, group, s,
-                          scores);
+          attend_sequence(in_place<at::Half>(key_cache, value_cache), table, run, first, last, group, s, scores);
           continue;
         case Stored::kBFloat16:
-          attend_sequence(in_place<at::BFloat16>(key_cache, value_cache), table, length, q, o, first, last, group, s,
-                          scores);
+          attend_sequence(in_place<at::BFloat16>(key_cache, value_cache), table, run, first, last, group, s, scores);
           continue;
         case Stored::kQ8_0: break;
       }
-      const int64_t run = (last - first) * dim;  // one position's values for these kv heads
-      keys.resize(static_cast<size_t>(length * run));
-      values.resize(static_cast<size_t>(length * run));
-      for (int64_t pos = 0; pos < length; ++pos) {
+      const int64_t width_read = (last - first) * dim, longest = run.length_of(run.count - 1);
+      keys.resize(static_cast<size_t>(longest * width_read));
+      values.resize(static_cast<size_t>(longest * width_read));
+      for (int64_t pos = 0; pos < longest; ++pos) {
         const int64_t block = table[pos / block_size];
         TORCH_CHECK(block >= 0 && block < num_blocks, "block id out of the cache");
         const int64_t offset = ((block * block_size + pos % block_size) * kv_heads + first) * dim;
-        load_q8_0(key_cache.data_ptr<int8_t>(), key_scale, offset, run, keys.data() + pos * run);
-        load_q8_0(value_cache.data_ptr<int8_t>(), value_scale, offset, run, values.data() + pos * run);
+        load_q8_0(key_cache.data_ptr<int8_t>(), key_scale, offset, width_read, keys.data() + pos * width_read);
+        load_q8_0(value_cache.data_ptr<int8_t>(), value_scale, offset, width_read, values.data() + pos * width_read);
       }
-      const PagedKV<float> rows{keys.data(), values.data(), 1, length, last - first, dim};
-      attend_sequence(rows, &zero_block, length, q, o, 0, last - first, group, s, scores);
+      const PagedKV<float> loaded{keys.data(), values.data(), 1, longest, last - first, dim};
+      attend_sequence(loaded, &zero_block, run, 0, last - first, group, s, scores);
     }
   });
   return out;
