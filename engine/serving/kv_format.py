@@ -94,9 +94,14 @@ def choose_kv_format(wanted: str, compute_dtype: torch.dtype, head_dim: int, dev
 
 def draft_kv_format(serving: KVFormat, serving_head_dim: int, draft_head_dim: int,
                     compute_dtype: torch.dtype) -> KVFormat:
-    """A draft model's KV format (engine/serving/draft_model.py): the serving model's where the head sizes agree
-    (its rules were checked for that size), else the compute dtype."""
-    return serving if draft_head_dim == serving_head_dim else format_for("auto", compute_dtype)
+    """A draft model's KV format (engine/serving/draft_model.py). How its keys and values are rounded moves only
+    how many of its drafts are accepted, never a token of the reply, so it is at most 16 bits: the serving model's
+    format where the head sizes agree (its rules were checked for that size), else the compute dtype, and float16
+    where that is wider (the CPU kernels read it in place, and a draft pass over a long context is as fast as its
+    cache is read: 16 bits halve that)."""
+    chosen = serving if draft_head_dim == serving_head_dim else format_for("auto", compute_dtype)
+    narrow = FORMATS["float16"]
+    return narrow if chosen.bytes_per_values(Q8_GROUP) > narrow.bytes_per_values(Q8_GROUP) else chosen
 
 
 # -- writing and reading -----------------------------------------------------------------------------

@@ -122,16 +122,19 @@ def test_the_draft_is_in_the_fit_estimate_and_the_memory_figures(tiny_llama):
     both = estimate(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=2**22,
                                  draft_model=str(tiny_llama), draft_quantization="int4"))
     assert both.weight_bytes == alone.weight_bytes + draft_alone.weight_bytes
-    assert both.kv_bytes_per_token == 2 * alone.kv_bytes_per_token  # the same shape, both float32
-    assert both.kv_tokens < alone.kv_tokens  # the same memory holds half the tokens
+    # the same shape: the target's float32, the draft's float16 (draft_kv_format)
+    assert both.kv_bytes_per_token == alone.kv_bytes_per_token * 3 // 2
+    assert both.kv_tokens < alone.kv_tokens  # the same memory holds two thirds of the tokens
     assert "draft model" in both.summary()
     plain = _engine(tiny_llama, kv_cache_memory=2**22, num_kv_blocks=None)
     engine = _engine(tiny_llama, "draft", kv_cache_memory=2**22, num_kv_blocks=None)
-    assert engine.kv_cache.num_blocks == plain.kv_cache.num_blocks // 2
+    assert engine.kv_cache.num_blocks == plain.kv_cache.num_blocks * 2 // 3
+    assert engine.draft.kv_cache.memory_bytes == engine.kv_cache.memory_bytes // 2
     stats, plain_stats = engine.stats(), plain.stats()
-    assert stats.kv_cache_memory_bytes == 2 * engine.kv_cache.memory_bytes
+    assert stats.kv_cache_memory_bytes == engine.kv_cache.memory_bytes + engine.draft.kv_cache.memory_bytes
     assert stats.model_memory_bytes == plain_stats.model_memory_bytes + engine.draft.loaded.memory_bytes
-    assert stats.speculation.draft_memory_bytes == engine.draft.loaded.memory_bytes + engine.kv_cache.memory_bytes
+    assert stats.speculation.draft_memory_bytes == (engine.draft.loaded.memory_bytes +
+                                                    engine.draft.kv_cache.memory_bytes)
 
 
 def test_a_draft_with_another_tokenizer_is_refused_in_words(tiny_llama, other_tokenizer_model):

@@ -12,7 +12,7 @@ from hypothesis.extra.numpy import arrays
 from engine import Engine, EngineConfig, SamplingParams
 from engine.serving import kv_format
 from engine.serving.kv_cache import KVCache, KVShape
-from engine.serving.kv_format import FORMATS, choose_kv_format, decode, encode
+from engine.serving.kv_format import FORMATS, choose_kv_format, decode, draft_kv_format, encode
 from engine.step import kernels
 from engine.step.attention import SequenceSlice, build_metadata
 from engine.step.native_decoder import NativeDecoder
@@ -81,6 +81,15 @@ def test_auto_takes_the_smallest_measured_format_the_model_and_device_can_hold()
     assert choose_kv_format("auto", torch.bfloat16, 64, CPU, frozenset({"float16"}))[0].name == "bfloat16"
     fmt, reason = choose_kv_format("q8_0", f32, 64, CPU, None)
     assert fmt.name == "q8_0" and reason == "chosen in the settings"
+
+
+def test_a_draft_models_cache_is_at_most_16_bits_and_the_serving_format_where_the_heads_agree():
+    f32, f16 = torch.float32, FORMATS["float16"]
+    assert draft_kv_format(FORMATS["float32"], 64, 64, f32) == f16  # an exact target's: its draft need not be
+    assert draft_kv_format(FORMATS["q8_0"], 64, 64, f32) == FORMATS["q8_0"]
+    assert draft_kv_format(FORMATS["bfloat16"], 64, 64, f32) == FORMATS["bfloat16"]
+    assert draft_kv_format(FORMATS["q8_0"], 64, 48, f32) == f16  # another head size: q8_0 was not checked there
+    assert draft_kv_format(FORMATS["q8_0"], 64, 48, torch.bfloat16) == FORMATS["bfloat16"]
 
 
 @pytest.mark.parametrize("wanted, head_dim, problem", [("fp8", 64, "CUDA only"), ("q8_0", 48, "head size is 48")])
