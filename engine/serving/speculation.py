@@ -83,6 +83,7 @@ class StepCosts:
         self._count: dict[int, int] = {}
         self._seen_at: dict[int, int] = {}
         self._steps = 0
+        self._line: tuple[float, float] | None = None  # line()'s answer until the next observation
 
     def observe(self, rows: int, seconds: float) -> None:
         seen = self._count.get(rows, 0)
@@ -90,6 +91,7 @@ class StepCosts:
         self._count[rows] = seen + 1
         self._steps += 1
         self._seen_at[rows] = self._steps
+        self._line = None
 
     @property
     def known(self) -> bool:
@@ -98,7 +100,12 @@ class StepCosts:
     def line(self) -> tuple[float, float]:
         """(fixed, per row) seconds: a least-squares line through the row counts seen (each weighing by how often
         it was, up to ten, and less the longer ago), its slope guessed until two counts are known and never below
-        1% of a row's share."""
+        1% of a row's share. (Asked for every draft length a step weighs: kept until the next observation.)"""
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> tuple[float, float]:
         points = [(rows, mean, min(self._count[rows], 10) * AGE_DECAY ** (self._steps - self._seen_at[rows]))
                   for rows, mean in self._mean.items()]
         total = sum(w for _, _, w in points)

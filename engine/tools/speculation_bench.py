@@ -7,9 +7,10 @@ the same pair as it runs it (the file's weights as float32, with the 4-bit file 
 Workloads: (1) rewrite a given 300-line Python file with one function renamed; (2) summarise a given text of
 about 1,500 tokens quoting its key sentences; (3) a free story. Each reply is ``REPLY_TOKENS`` tokens. The
 prompts are computed once before the timed rounds (the prefix cache keeps them), so the figures are decode
-speed: output tokens over the replies' wall time. The modes take turns within each round, on one engine (auto
-keeps what it measured, but no mode drafts from an earlier round's replies: lookup forgets them before each
-run), and every mode's replies are checked to be the same tokens as ``off``'s.
+speed: output tokens over the replies' wall time. The modes take turns within each round (in the reverse order
+every other round), on one engine (auto keeps what it measured, but no mode drafts from an earlier round's
+replies: lookup forgets them before each run), and every mode's replies are checked to be the same tokens as
+``off``'s.
 
 ``python -m engine.tools.speculation_bench`` prints the table and writes ``bench/results/speculation.json``.
 """
@@ -102,8 +103,11 @@ def _measure(modes: dict, rounds: int, reply_tokens: int, progress, compared=MOD
                 engine.set_speculation("draft" if engine.draft is not None else "off")
                 engine.generate(prompts, SamplingParams(max_tokens=WARM_TOKENS, temperature=0.0))
             runs: dict[str, list[dict]] = {label: [] for label in modes}
-            for _ in range(rounds):
-                for label, (engine, mode) in modes.items():
+            for turn in range(rounds):
+                # every other round in the reverse order: no mode always follows the same one (a machine's pace
+                # drifts over a round, and a mode that drafts heavily leaves it warmer for the next)
+                order = list(modes.items()) if turn % 2 == 0 else list(modes.items())[::-1]
+                for label, (engine, mode) in order:
                     engine.set_speculation(mode)
                     engine.speculator.forget_text()
                     start = time.perf_counter()
