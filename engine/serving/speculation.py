@@ -30,7 +30,9 @@ with a draft on offer one token, so acceptance (and what a step with drafts cost
 repeats. With a draft model loaded (:mod:`.draft_model`), a reply lookup has nothing for in ``auto`` (every
 reply in ``draft``) has the draft model's on offer: the plan is then a length, and the draft model writes that
 many tokens (:data:`TO_DRAFT` until then) once the step's blocks are known. Its passes are part of what such a
-step costs, so steps with its drafts are measured apart from steps with lookup's only.
+step costs, so steps with its drafts are measured apart from steps with lookup's only. A draft model that
+auto has left out for a stretch of a batch's steps is not offered to that batch again: catching up on every
+reply's missed tokens costs more than the plain steps it would speed up (:meth:`Speculator._model_may_draft`).
 """
 
 from __future__ import annotations
@@ -52,8 +54,14 @@ MARGIN = 1.03  # drafts must promise this much more than a plain step: what is m
 # ... and this much where several replies share the step: each waits for the whole step, so the one whose drafts
 # happen to fail is slowed by the others' rows (expected gains hide that; the bench's four chats showed it)
 BATCH_MARGIN = 1.25
+# row counts the steps seen must span before the line's slope is theirs: four chats' first steps with drafts,
+# at six and eight rows, gave one of 18 ms a row where the step with five-token drafts took 5 ms a row more
+MIN_SPAN = 4
 MEASURED = 3  # steps at a row count before its own mean is trusted over the line
 COST_DECAY = 0.8  # a row count's mean time follows the machine's load
+# reply tokens a draft model may have missed and still draft for a reply in a batch: the few that steps without
+# its drafts leave (lookup's drafts, a draft that would not fit in the reply's block), not a stretch of plain steps
+CLOSE_BEHIND = 2 + MAX_DRAFT
 AGE_DECAY = 0.99  # a row count not seen for a while weighs less (contexts grow, the load changes): half in 70 steps
 
 
@@ -99,8 +107,9 @@ class StepCosts:
 
     def line(self) -> tuple[float, float]:
         """(fixed, per row) seconds: a least-squares line through the row counts seen (each weighing by how often
-        it was, up to ten, and less the longer ago), its slope guessed until two counts are known and never below
-        1% of a row's share. (Asked for every draft length a step weighs: kept until the next observation.)"""
+        it was, up to ten, and less the longer ago), its slope guessed until the counts seen span
+        :data:`MIN_SPAN` rows, and never below 1% of a row's share. (Asked for every draft length a step weighs:
+        kept until the next observation.)"""
         if self._line is None:
             self._line = self._fit()
         return self._line
@@ -113,7 +122,7 @@ class StepCosts:
         mean_time = sum(t * w for _, t, w in points) / total
         spread = sum(w * (r - mean_rows) ** 2 for r, _, w in points)
         floor = 0.01 * mean_time / mean_rows
-        if spread == 0:
+        if max(self._mean) - min(self._mean) < MIN_SPAN:  # a slope between near row counts is mostly noise
             slope = PRIOR_ROW_SHARE * mean_time / mean_rows
         else:
             slope = max(floor, sum(w * (r - mean_rows) * (t - mean_time) for r, t, w in points) / spread)
@@ -187,7 +196,8 @@ class Speculator:
         for seq in decoding:
             limit = min(room.get(seq.request_id, 0), MAX_DRAFT if self.mode == "auto" else FORCED_DRAFT)
             draft = [] if self.mode == "draft" else self.proposer.propose(seq.request_id, seq.token_ids, limit)
-            if self.uses_draft_model and limit and (not draft or self._model_is_better(seq.request_id)):
+            if (self.uses_draft_model and limit and (not draft or self._model_is_better(seq.request_id))
+                    and self._model_may_draft(seq, len(decoding))):
                 draft = [TO_DRAFT] * limit
             if draft:
                 proposals[seq.request_id] = (seq, draft)
@@ -211,6 +221,18 @@ class Speculator:
         if self.mode != "auto":
             return False
         return self._rate("model", request_id) > self._rate("lookup", request_id)
+
+    def _model_may_draft(self, seq: Sequence, batch: int) -> bool:
+        """In auto, whether the draft model is offered for ``seq``. Where it has missed reply tokens (auto decoded
+        without it), it must first catch up on all of them. Alone, that is one pass over a few tokens against as
+        many whole steps of the target (on this CPU 20 ms against 16 float32 steps of 50 ms). In a batch the
+        missed tokens are every reply's, and the plain steps they came from were shared: four chats' probe every
+        64 steps caught up on 256 tokens in 0.3-0.8 s, 6-14% of those steps' time, for a one-token probe after
+        which the batch rarely drafted. So in a batch it drafts only for replies it is close behind
+        (:data:`CLOSE_BEHIND`; the prompt's own catch-up is not counted)."""
+        if self.mode != "auto" or batch == 1:
+            return True
+        return seq.num_tokens - max(seq.draft_computed, seq.num_prompt_tokens) <= CLOSE_BEHIND
 
     def _rate(self, source: str, request_id: str) -> float:
         return self._acceptance(source, request_id).rate(self.engine_acceptance[source].rate())

@@ -7,8 +7,10 @@ import pytest
 from engine.sampling_params import SamplingParams
 from engine.serving.sequence import Sequence
 from engine.serving.speculation import (
+    CLOSE_BEHIND,
     FORCED_DRAFT,
     MAX_DRAFT,
+    MIN_SPAN,
     PRIOR_ROW_SHARE,
     PROBE_EVERY,
     TO_DRAFT,
@@ -49,11 +51,17 @@ def test_row_counts_not_seen_for_long_weigh_less():
     assert costs.line()[1] == pytest.approx(0.010, rel=0.05)
 
 
-def test_one_row_count_gives_the_guessed_slope():
+def test_one_row_count_or_near_ones_give_the_guessed_slope():
     costs = StepCosts()
     costs.observe(4, 0.040)
     fixed, per_row = costs.line()
     assert per_row == pytest.approx(PRIOR_ROW_SHARE * 0.010) and fixed + 4 * per_row == pytest.approx(0.040)
+    near = StepCosts()
+    for rows in (6, 8):  # 18 ms a row between them: too near for that to be more than noise
+        near.observe(rows, 0.010 + 0.018 * rows)
+    assert near.line()[1] == pytest.approx(PRIOR_ROW_SHARE * 0.136 / 7, rel=0.01)  # a quarter of a row's share
+    near.observe(6 + MIN_SPAN, 0.010 + 0.018 * (6 + MIN_SPAN))
+    assert near.line() == pytest.approx((0.010, 0.018))  # far enough apart: the slope is theirs
 
 
 def test_acceptance_counts_the_tokens_tried():
@@ -152,9 +160,32 @@ def test_draft_steps_measured_for_one_reply_do_not_stand_for_a_batch():
         speculator.engine_acceptance["model"].record(5, 4)  # four in five kept
     seqs = [Sequence(str(i), list(range(1000 + 50 * i, 1050 + 50 * i)), 10, SamplingParams(max_tokens=500), 0.0)
             for i in range(4)]  # lookup finds nothing: the draft model's drafts are on offer
+    for seq in seqs:
+        seq.draft_computed = seq.num_tokens - 1  # the draft model is in step with every reply
     speculator.plan(seqs, {s.request_id: 100 for s in seqs})
     assert all(s.draft and set(s.draft) == {TO_DRAFT} for s in seqs)
     assert speculator._draft_costs(True, 4).predict(8) == pytest.approx(0.030 + 0.006)  # one pass for the batch
     lone = seqs[:1]
     speculator.plan(lone, {"0": 100})
     assert 0 < len(lone[0].draft) < MAX_DRAFT  # alone, its measured passes cap the draft
+
+
+def test_a_batch_waits_for_a_draft_model_that_fell_behind_and_a_lone_reply_does_not():
+    """A draft model that missed reply tokens catches up on all of them before it drafts: one pass for a lone
+    reply, but every reply's missed tokens in a batch, where their plain steps were cheap. In a batch only the
+    replies it is close behind get its drafts; alone a reply gets them however far behind it is."""
+    speculator = Speculator("auto", draft_model="m")
+    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 40))
+    for _ in range(10):
+        speculator.engine_acceptance["model"].record(8, 8)
+    seqs = [Sequence(str(i), list(range(1000 + 50 * i, 1050 + 50 * i)), 10, SamplingParams(max_tokens=500), 0.0)
+            for i in range(4)]
+    for seq in seqs:
+        seq.draft_computed = seq.num_tokens - 2  # the last token and the one before: the first pass's
+    seqs[3].draft_computed = seqs[3].num_tokens - CLOSE_BEHIND - 1  # a stretch of plain steps behind
+    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
+    assert [bool(s.draft) for s in seqs] == [False] * 4  # the reply without a draft would be slowed: none drafts
+    speculator.plan(seqs[:3], {s.request_id: 100 for s in seqs[:3]})
+    assert all(s.draft and set(s.draft) == {TO_DRAFT} for s in seqs[:3])
+    speculator.plan(seqs[3:], {"3": 100})
+    assert seqs[3].draft and set(seqs[3].draft) == {TO_DRAFT}  # alone: one pass catches up
