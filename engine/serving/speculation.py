@@ -12,7 +12,8 @@ as the engine runs:
 - **Cost.** What a decode step of ``R`` rows takes (:class:`StepCosts`): a line through the mean time at each row
   count seen, one for plain steps and, per number of replies in the step, one for steps with drafts (which cost
   more than their rows: the rows' sampling, the run's bookkeeping, and a draft model's passes, one per token of
-  the longest draft), with a cautious guess at the slope until two row counts are known.
+  the longest draft). Until a table's row counts are :data:`MIN_SPAN` apart its slope is a guess, or the plain
+  steps' slope where that is known and more (a slope between near counts is mostly noise).
 
 In ``auto`` each step ranks the draft tokens on offer by their chance of being kept (the next token of a draft
 whose first ``k`` were kept is kept with probability ``a^(k+1)``) and takes the ``e`` best for the ``e`` that
@@ -48,14 +49,17 @@ FORCED_DRAFT = 5  # tokens per draft when speculation is forced on
 PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.5, 2.0  # before anything is measured: a coin, worth two tries
 REQUEST_DECAY = 0.8  # a request's recent drafts weigh most (its text changes: a quoted passage ends)
 ENGINE_DECAY = 0.98
-PRIOR_ROW_SHARE = 0.25  # until two row counts are measured, a row is guessed at a quarter of a one-row step
+PRIOR_ROW_SHARE = 0.25  # until row counts far enough apart are measured, a row is guessed at a quarter of a step
 PROBE_EVERY = 16  # steps without a draft (times the batch) before the replies try one token each again
 MARGIN = 1.03  # drafts must promise this much more than a plain step: what is measured is noisy
 # ... and this much where several replies share the step: each waits for the whole step, so the one whose drafts
 # happen to fail is slowed by the others' rows (expected gains hide that; the bench's four chats showed it)
 BATCH_MARGIN = 1.25
 # row counts the steps seen must span before the line's slope is theirs: four chats' first steps with drafts,
-# at six and eight rows, gave one of 18 ms a row where the step with five-token drafts took 5 ms a row more
+# at six and eight rows, gave one of 18 ms a row where the step with five-token drafts took 5 ms a row more.
+# Until then a table of steps with drafts takes the plain steps' slope where theirs is known (four chats: 6 ms
+# a row, where a quarter of a step guessed 2.3 ms and auto drafted ten tokens into a step that took twice a
+# plain one's time), or the guess where it is more
 MIN_SPAN = 4
 MEASURED = 3  # steps at a row count before its own mean is trusted over the line
 COST_DECAY = 0.8  # a row count's mean time follows the machine's load
@@ -63,6 +67,11 @@ COST_DECAY = 0.8  # a row count's mean time follows the machine's load
 # its drafts leave (lookup's drafts, a draft that would not fit in the reply's block), not a stretch of plain steps
 CLOSE_BEHIND = 2 + MAX_DRAFT
 AGE_DECAY = 0.99  # a row count not seen for a while weighs less (contexts grow, the load changes): half in 70 steps
+# how far a step with drafts may come out above or below its forecast, as a factor on later forecasts (see
+# :class:`Calibration`), and how fast it follows: four chats' drafts forecast at 1.3x came out at 0.9x (kept
+# tokens come in bursts, and twenty rows cost more than the line through six to fourteen says)
+CALIBRATION_RANGE = (0.5, 1.5)
+CALIBRATION_DECAY = 0.9
 
 
 class Acceptance:
@@ -86,12 +95,14 @@ class Acceptance:
 class StepCosts:
     """Seconds a decode step of ``R`` rows takes, learnt from the steps as they run."""
 
-    def __init__(self) -> None:
+    def __init__(self, fallback: StepCosts | None = None) -> None:
         self._mean: dict[int, float] = {}
         self._count: dict[int, int] = {}
         self._seen_at: dict[int, int] = {}
         self._steps = 0
-        self._line: tuple[float, float] | None = None  # line()'s answer until the next observation
+        self.fallback = fallback  # whose slope serves while this table's row counts are near (see MIN_SPAN)
+        self._line: tuple[float, float] | None = None  # line()'s answer until the next observation (its or
+        self._line_at: tuple[int, int] = (0, 0)          # the fallback's)
 
     def observe(self, rows: int, seconds: float) -> None:
         seen = self._count.get(rows, 0)
@@ -99,7 +110,6 @@ class StepCosts:
         self._count[rows] = seen + 1
         self._steps += 1
         self._seen_at[rows] = self._steps
-        self._line = None
 
     @property
     def known(self) -> bool:
@@ -107,12 +117,18 @@ class StepCosts:
 
     def line(self) -> tuple[float, float]:
         """(fixed, per row) seconds: a least-squares line through the row counts seen (each weighing by how often
-        it was, up to ten, and less the longer ago), its slope guessed until the counts seen span
+        it was, up to ten, and less the longer ago), its slope borrowed or guessed until the counts seen span
         :data:`MIN_SPAN` rows, and never below 1% of a row's share. (Asked for every draft length a step weighs:
         kept until the next observation.)"""
-        if self._line is None:
-            self._line = self._fit()
+        at = (self._steps, self.fallback._steps if self.fallback else 0)
+        if self._line is None or at != self._line_at:
+            self._line, self._line_at = self._fit(), at
         return self._line
+
+    @property
+    def spans(self) -> bool:
+        """The row counts seen are far enough apart for a slope of their own (:data:`MIN_SPAN`)."""
+        return bool(self._mean) and max(self._mean) - min(self._mean) >= MIN_SPAN
 
     def _fit(self) -> tuple[float, float]:
         points = [(rows, mean, min(self._count[rows], 10) * AGE_DECAY ** (self._steps - self._seen_at[rows]))
@@ -122,8 +138,10 @@ class StepCosts:
         mean_time = sum(t * w for _, t, w in points) / total
         spread = sum(w * (r - mean_rows) ** 2 for r, _, w in points)
         floor = 0.01 * mean_time / mean_rows
-        if max(self._mean) - min(self._mean) < MIN_SPAN:  # a slope between near row counts is mostly noise
+        if not self.spans:  # a slope between near row counts is mostly noise
             slope = PRIOR_ROW_SHARE * mean_time / mean_rows
+            if self.fallback is not None and self.fallback.spans:
+                slope = max(slope, self.fallback.line()[1])
         else:
             slope = max(floor, sum(w * (r - mean_rows) * (t - mean_time) for r, t, w in points) / spread)
         return max(0.0, mean_time - slope * mean_rows), slope
@@ -138,6 +156,30 @@ class StepCosts:
             return self._mean[rows]
         fixed, per_row = self.line()
         return fixed + per_row * rows
+
+
+class Calibration:
+    """What steps with drafts gave against what auto forecast for them, per number of replies in the step: tokens
+    per second came over tokens per second forecast, recent steps weighing most, starting at one. Auto's forecast
+    is a model (tokens kept independently at one rate, costs on a line); this is its measured error, and later
+    forecasts are multiplied by it."""
+
+    def __init__(self) -> None:
+        self._came: dict[int, float] = {}
+        self._forecast: dict[int, float] = {}
+
+    def factor(self, batch: int) -> float:
+        low, high = CALIBRATION_RANGE
+        forecast = self._forecast.get(batch)
+        return 1.0 if not forecast else min(high, max(low, self._came[batch] / forecast))
+
+    def record(self, batch: int, forecast_rate: float, rate: float) -> None:
+        """A step of ``batch`` replies forecast at ``forecast_rate`` tokens/s came at ``rate``. (Sums of rates
+        relative to the forecast, one prior step at the forecast: one unlucky step moves the factor a tenth.)"""
+        if batch not in self._forecast:
+            self._came[batch] = self._forecast[batch] = 1.0
+        self._came[batch] = CALIBRATION_DECAY * self._came[batch] + rate / forecast_rate
+        self._forecast[batch] = CALIBRATION_DECAY * self._forecast[batch] + 1.0
 
 
 class BatchGuess:
@@ -175,6 +217,8 @@ class Speculator:
         self._plain_steps = 0  # decode steps in a row without a draft, in auto
         self.num_drafts_total = self.draft_tokens_total = self.accepted_total = 0
         self._speedup: float | None = None
+        self.calibration = Calibration()  # auto's forecasts for steps with drafts against what they gave
+        self._forecast: tuple[int, float] | None = None  # the step's: (replies, tokens/s) where auto drafts
         self._active = False
         self.set_mode(mode)
 
@@ -193,6 +237,7 @@ class Speculator:
             return
         proposals = {}
         self._sources = {}
+        self._forecast = None
         for seq in decoding:
             limit = min(room.get(seq.request_id, 0), MAX_DRAFT if self.mode == "auto" else FORCED_DRAFT)
             draft = [] if self.mode == "draft" else self.proposer.propose(seq.request_id, seq.token_ids, limit)
@@ -257,17 +302,22 @@ class Speculator:
         slowest = 1.0 if len(proposals) < batch else None  # a reply without a draft gets one token
         tables = {False: self._draft_costs(False, batch), True: self._draft_costs(True, batch)}
         with_model = False  # the step's drafts so far need the draft model's passes
+        error = self.calibration.factor(batch)  # how such forecasts came out lately
+        tokens = float(batch)  # the step's expected tokens
         for extra, (chance, rid) in enumerate(chances, start=1):
             expected[rid] += chance
+            tokens += chance
             with_model = with_model or proposals[rid][1][0] == TO_DRAFT
             costs = tables[with_model]
             unmeasured = not costs.measured(batch + extra)  # a line or a guess predicts it
             if unmeasured and chose_unmeasured:
                 continue
             least = min(min(expected.values()), slowest or float("inf"))
-            gain = least * plain_step / costs.predict(batch + extra)  # the slowest reply against a plain step
+            seconds = costs.predict(batch + extra)
+            gain = error * least * plain_step / seconds  # the slowest reply against a plain step
             if gain > best_gain:
                 best, best_gain, chose_unmeasured = extra, gain, unmeasured
+                self._forecast = (batch, tokens / seconds)
         lengths = dict.fromkeys(proposals, 0)
         for _, rid in chances[:best]:
             lengths[rid] += 1
@@ -277,10 +327,10 @@ class Speculator:
         else:
             self._plain_steps = 0 if best else self._plain_steps + 1
         drafting = sum(1 for n in lengths.values() if n)
+        lately = f"kept lately: {prior:.0%}" + (f", drafts' steps {error:.2f}x their forecast" if error != 1 else "")
         self._reason = (f"auto: drafting for {drafting} of {batch} replies, {best} tokens (every reply expected "
-                        f"{best_gain:.2f}x as fast; kept lately: {prior:.0%})" if best else
-                        f"auto: not drafting (no draft makes every reply {margin:.2f}x as fast; kept lately: "
-                        f"{prior:.0%})")
+                        f"{best_gain:.2f}x as fast; {lately})" if best else
+                        f"auto: not drafting (no draft makes every reply {margin:.2f}x as fast; {lately})")
         return lengths
 
     def _draft_costs(self, with_model: bool, batch: int) -> StepCosts | BatchGuess:
@@ -326,6 +376,9 @@ class Speculator:
         seconds += draft_seconds
         if seconds <= 0:
             return
+        if drafted_rows and self._forecast is not None:
+            replies, forecast_rate = self._forecast
+            self.calibration.record(replies, forecast_rate, emitted / seconds)
         if drafted_rows and self.costs.known:
             plain = (rows - drafted_rows) / self.costs.predict(rows - drafted_rows)
             ratio = (emitted / seconds) / plain
@@ -334,7 +387,7 @@ class Speculator:
             self.costs.observe(rows, seconds)
         else:
             tables = self.model_costs if draft_seconds else self.lookup_costs
-            tables.setdefault(len(chunks), StepCosts()).observe(rows, seconds)
+            tables.setdefault(len(chunks), StepCosts(self.costs)).observe(rows, seconds)
 
     def forget_text(self) -> None:
         """Drop the finished sequences lookup drafts from (a benchmark's repeated rounds would otherwise draft

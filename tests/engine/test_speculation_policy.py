@@ -5,8 +5,10 @@ right, none where a row costs what it can give, a one-token probe now and then."
 import pytest
 
 from engine.sampling_params import SamplingParams
+from engine.serving.scheduler import Chunk
 from engine.serving.sequence import Sequence
 from engine.serving.speculation import (
+    CALIBRATION_RANGE,
     CLOSE_BEHIND,
     FORCED_DRAFT,
     MAX_DRAFT,
@@ -15,6 +17,7 @@ from engine.serving.speculation import (
     PROBE_EVERY,
     TO_DRAFT,
     Acceptance,
+    Calibration,
     Speculator,
     StepCosts,
 )
@@ -62,6 +65,26 @@ def test_one_row_count_or_near_ones_give_the_guessed_slope():
     assert near.line()[1] == pytest.approx(PRIOR_ROW_SHARE * 0.136 / 7, rel=0.01)  # a quarter of a row's share
     near.observe(6 + MIN_SPAN, 0.010 + 0.018 * (6 + MIN_SPAN))
     assert near.line() == pytest.approx((0.010, 0.018))  # far enough apart: the slope is theirs
+
+
+def test_near_row_counts_with_drafts_borrow_the_plain_steps_slope_where_it_is_more():
+    plain = StepCosts()
+    for rows in (1, 5):  # a plain row costs 6 ms
+        plain.observe(rows, 0.020 + 0.006 * rows)
+    drafted = StepCosts(plain)
+    for rows in (6, 8):
+        drafted.observe(rows, 0.030 + 0.004 * rows)  # near counts: the guess would be a quarter of 0.058 / 7
+    fixed, per_row = drafted.line()
+    assert per_row == pytest.approx(0.006)
+    assert fixed + 7 * per_row == pytest.approx(0.058, rel=0.01)  # through the steps' mean (the older weighs less)
+    plain.observe(8, 0.020 + 0.010 * 8)  # the plain slope changes: the drafted line follows it
+    assert drafted.line()[1] > 0.006
+    cheap = StepCosts()
+    cheap.observe(1, 0.020)
+    cheap.observe(5, 0.0201)  # a slope of 25 us a row: the guess is more, and serves
+    guessed = StepCosts(cheap)
+    guessed.observe(6, 0.060)
+    assert guessed.line()[1] == pytest.approx(PRIOR_ROW_SHARE * 0.010)
 
 
 def test_acceptance_counts_the_tokens_tried():
@@ -189,3 +212,42 @@ def test_a_batch_waits_for_a_draft_model_that_fell_behind_and_a_lone_reply_does_
     assert all(s.draft and set(s.draft) == {TO_DRAFT} for s in seqs[:3])
     speculator.plan(seqs[3:], {"3": 100})
     assert seqs[3].draft and set(seqs[3].draft) == {TO_DRAFT}  # alone: one pass catches up
+
+
+def _bursty_batch(speculator: Speculator, steps: int = 40) -> int:
+    """Four replies whose drafts are kept in bursts (all of them, then none), each step costing what the line
+    says: the steps that drafted."""
+    _learnt(speculator, fixed=0.010, per_row=0.002, rows=range(1, 40))
+    for _ in range(10):
+        speculator.engine_acceptance["lookup"].record(8, 8)
+    seqs = [_seq(str(i)) for i in range(4)]
+    drafted = 0
+    for step in range(steps):
+        speculator.plan(seqs, {s.request_id: 100 for s in seqs})
+        rows = sum(1 + len(s.draft) for s in seqs)
+        drafted += rows > len(seqs)
+        kept = step % 2 == 0
+        chunks = [Chunk(s, s.num_tokens - 1, 1 + len(s.draft), tuple(s.draft), len(s.draft) if kept else 0)
+                  for s in seqs]
+        speculator.record(chunks, speculator.costs.predict(rows), decode_only=True)
+    return drafted
+
+
+def test_a_batch_whose_drafted_steps_come_out_below_their_forecast_stops_drafting_sooner():
+    uncalibrated = Speculator("auto")
+    uncalibrated.calibration.factor = lambda batch: 1.0
+    speculator = Speculator("auto")
+    assert 0 < _bursty_batch(speculator) < _bursty_batch(uncalibrated)
+    assert speculator.calibration.factor(4) < 1 and "forecast" in speculator.stats().reason
+    alone = _seq("alone")
+    speculator.plan([alone], {"alone": 100})
+    assert alone.draft  # a single reply's forecasts are its own: it still drafts
+
+
+def test_calibration_is_the_rate_that_came_over_the_rate_forecast_within_its_range():
+    calibration = Calibration()
+    assert calibration.factor(1) == 1.0
+    for _ in range(200):
+        calibration.record(1, forecast_rate=100.0, rate=70.0)
+        calibration.record(2, forecast_rate=100.0, rate=10.0)
+    assert calibration.factor(1) == pytest.approx(0.7) and calibration.factor(2) == CALIBRATION_RANGE[0]
