@@ -10,7 +10,8 @@ prompts are computed once before the timed rounds (the prefix cache keeps them),
 speed: output tokens over the replies' wall time. The modes take turns within each round (in the reverse order
 every other round), on one engine (auto keeps what it measured, but no mode drafts from an earlier round's
 replies: lookup forgets them before each run), and every mode's replies are checked to be the same tokens as
-``off``'s.
+``off``'s. A mode's figure is its median over the rounds, and its ratio to ``off`` the median of the rounds' own
+ratios (:func:`summarise_runs`). llama-server's figures are the best of its rounds.
 
 ``python -m engine.tools.speculation_bench`` prints the table and writes ``bench/results/speculation.json``.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from importlib import resources
 from pathlib import Path
@@ -68,8 +70,8 @@ def workloads(chats: int, tokenizer) -> dict[str, list[list[dict]]]:
 
 
 def measure_kvasir(rounds: int = ROUNDS, reply_tokens: int = REPLY_TOKENS, progress=print) -> list[dict]:
-    """tokens/s of every (workload, chats, mode) with n-gram drafts, the best of ``rounds`` turns, with the draft
-    counts."""
+    """tokens/s of every (workload, chats, mode) with n-gram drafts over ``rounds`` turns, against ``off`` and
+    with the draft counts (:func:`summarise_runs`)."""
     from .. import Engine, EngineConfig
 
     engine = Engine(EngineConfig(kv_disk_cache=False))
@@ -117,15 +119,32 @@ def _measure(modes: dict, rounds: int, reply_tokens: int, progress, compared=MOD
                                         "drafted": sum(o.metrics.draft_tokens for o in outputs),
                                         "kept": sum(o.metrics.accepted_draft_tokens for o in outputs)})
             reference = runs["off"][0]["tokens"]
-            for label in modes:
-                best = min(runs[label], key=lambda run: run["seconds"])
-                produced = sum(len(tokens) for tokens in best["tokens"])
-                rows.append({"workload": name, "chats": chats, "mode": label,
-                             "tokens_per_s": produced / best["seconds"], "drafted": best["drafted"],
-                             "kept": best["kept"], "same_as_off": label not in compared or
+            for label, summary in summarise_runs(runs).items():
+                rows.append({"workload": name, "chats": chats, "mode": label, **summary,
+                             "same_as_off": label not in compared or
                              all(run["tokens"] == reference for run in runs[label])})
-                progress(f"{name}, {chats} chat(s), {label}: {rows[-1]['tokens_per_s']:.1f} tok/s")
+                progress(f"{name}, {chats} chat(s), {label}: {summary['tokens_per_s']:.1f} tok/s "
+                         f"({summary['vs_off']:.2f}x off)")
     return rows
+
+
+def summarise_runs(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Each label's median tokens/s over the rounds, with the median over the rounds of its rate against the same
+    round's ``off`` run (``vs_off``): this machine's pace drifts by a quarter over minutes (a plain step of four
+    chats took 35 ms in one run, 47 ms two runs later, whatever the mode), and a ratio within a round cancels
+    that where a ratio of two medians or bests does not. ``drafted``/``kept``: the median round's."""
+    def rate(run):
+        return sum(len(tokens) for tokens in run["tokens"]) / run["seconds"]
+
+    summary = {}
+    for label, turns in runs.items():
+        ranked = sorted(turns, key=rate)
+        middle = ranked[len(ranked) // 2]
+        ratios = [rate(turn) / rate(off) for turn, off in zip(turns, runs["off"], strict=True)]
+        summary[label] = {"tokens_per_s": statistics.median(rate(turn) for turn in turns),
+                          "vs_off": statistics.median(ratios), "rounds": [round(rate(t), 2) for t in turns],
+                          "drafted": middle["drafted"], "kept": middle["kept"]}
+    return summary
 
 
 def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = ROUNDS, progress=print,
@@ -189,12 +208,16 @@ def markdown_table(kvasir: list[dict], llama: list[dict] | None) -> str:
             ngram_row = next(r for r in kvasir if (r["workload"], r["chats"], r["mode"]) == (workload, chats, "ngram"))
             cells = [f"{off:.1f}"]
             for mode in ("ngram", "auto"):
-                value = rate(kvasir, workload, chats, mode)
-                cells.append(f"{value:.1f} ({value / off:.2f}x)")
+                cells.append(_cell(next(r for r in kvasir if (r["workload"], r["chats"], r["mode"]) ==
+                                        (workload, chats, mode))))
             kept = f"{ngram_row['kept']}/{ngram_row['drafted']}" if ngram_row["drafted"] else "–"
             peer = _peer_cells(llama, workload, chats, "int4", "ngram")
             lines.append(f"| {workload} | {chats} | {' | '.join(cells)} | {kept} | {' | '.join(peer)} |")
     return "\n".join(lines)
+
+
+def _cell(row: dict) -> str:
+    return f"{row['tokens_per_s']:.1f} ({row['vs_off']:.2f}x)"
 
 
 def draft_model_table(rows: list[dict], llama: list[dict] | None = None) -> str:
@@ -208,11 +231,9 @@ def draft_model_table(rows: list[dict], llama: list[dict] | None = None) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for workload in ("rewrite", "summarise", "story"):
         for chats in CHATS:
-            off = row(workload, chats, "off")["tokens_per_s"]
-            cells = [f"{off:.1f}"]
+            cells = [f"{row(workload, chats, 'off')['tokens_per_s']:.1f}"]
             for mode in ("draft", "auto", "int4"):
-                value = row(workload, chats, mode)["tokens_per_s"]
-                cells.append(f"{value:.1f} ({value / off:.2f}x)")
+                cells.append(_cell(row(workload, chats, mode)))
             forced = row(workload, chats, "draft")
             cells.insert(3, f"{forced['kept']}/{forced['drafted']}" if forced["drafted"] else "–")
             cells += _peer_cells(llama, workload, chats, "none", "draft")
@@ -249,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ratios(rows: list[dict], mode: str) -> list[float]:
-    off = {(r["workload"], r["chats"]): r["tokens_per_s"] for r in rows if r["mode"] == "off"}
-    return [r["tokens_per_s"] / off[(r["workload"], r["chats"])] for r in rows if r["mode"] == mode]
+    return [r["vs_off"] for r in rows if r["mode"] == mode]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The speculation benchmark's workloads are the ones the table names, and its table reads its rows right."""
 
+import pytest
+
 from engine.tools.speculation_bench import (
     CHATS,
     DRAFT_MODES,
@@ -8,6 +10,7 @@ from engine.tools.speculation_bench import (
     markdown_table,
     rewrite_prompts,
     story_prompts,
+    summarise_runs,
 )
 
 
@@ -22,6 +25,7 @@ def test_the_rewrite_workload_is_a_300_line_file_with_one_rename_per_chat():
 
 def test_the_table_gives_each_mode_against_off_and_the_peer():
     rows = [{"workload": w, "chats": c, "mode": m, "tokens_per_s": {"off": 40.0, "ngram": 80.0, "auto": 60.0}[m],
+             "vs_off": {"off": 1.0, "ngram": 2.0, "auto": 1.5}[m],
              "drafted": 100 if m != "off" else 0, "kept": 90 if m != "off" else 0, "same_as_off": True}
             for w in ("rewrite", "summarise", "story") for c in CHATS for m in MODES]
     peer = [{"workload": "rewrite", "chats": 1, "precision": "int4", "mode": "off", "tokens_per_s": 50.0},
@@ -35,7 +39,8 @@ def test_the_table_gives_each_mode_against_off_and_the_peer():
 
 def test_the_draft_model_table_gives_each_mode_against_the_unquantised_model_alone():
     speeds = {"off": 20.0, "draft": 50.0, "auto": 45.0, "int4": 60.0}
-    rows = [{"workload": w, "chats": c, "mode": m, "tokens_per_s": speeds[m], "drafted": 300 if m == "draft" else 0,
+    rows = [{"workload": w, "chats": c, "mode": m, "tokens_per_s": speeds[m], "vs_off": speeds[m] / speeds["off"],
+             "drafted": 300 if m == "draft" else 0,
              "kept": 250 if m == "draft" else 0, "same_as_off": True}
             for w in ("rewrite", "summarise", "story") for c in CHATS for m in (*DRAFT_MODES, "int4")]
     peer = [{"workload": "rewrite", "chats": 1, "precision": "none", "mode": "off", "tokens_per_s": 25.0},
@@ -67,3 +72,16 @@ def test_the_float32_copy_holds_the_files_weights_dequantised(tmp_path):
         copied = tensors[tensor.name]
         assert copied.tensor_type == gguf.GGMLQuantizationType.F32
         assert np.array_equal(copied.data, gguf.quants.dequantize(tensor.data, tensor.tensor_type))
+
+
+def test_a_modes_ratio_to_off_is_the_median_of_each_rounds_own_ratio():
+    def run(seconds, drafted=0):
+        return {"seconds": seconds, "tokens": [[1] * 100], "drafted": drafted, "kept": drafted // 2}
+
+    # the machine slows down from the second round on: each round auto is 5% slower than off in that round
+    runs = {"off": [run(1.0), run(2.0), run(2.0)], "auto": [run(1.05, 10), run(2.1, 20), run(2.1, 30)]}
+    summary = summarise_runs(runs)
+    assert summary["off"]["tokens_per_s"] == 50.0 and summary["off"]["vs_off"] == 1.0
+    assert summary["auto"]["vs_off"] == pytest.approx(1 / 1.05)  # not 50 / (100 / 1.05): the medians' ratio
+    assert summary["auto"]["tokens_per_s"] == pytest.approx(100 / 2.1)
+    assert (summary["auto"]["drafted"], summary["auto"]["kept"]) in {(20, 10), (30, 15)}  # a median round's
