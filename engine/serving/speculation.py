@@ -17,15 +17,14 @@ as the engine runs:
 
 In ``auto`` each step ranks the draft tokens on offer by their chance of being kept (the next token of a draft
 whose first ``k`` were kept is kept with probability ``a^(k+1)``) and takes the ``e`` best for the ``e`` that
-promises the most tokens per second: the step's expected tokens over its measured time at that many rows,
-against a plain step's, and only if that is :data:`MARGIN` better (:data:`BATCH_MARGIN` for several replies: a
-reply whose drafts happen to fail is slowed by the others'). Every reply in a step waits for the whole step, so a
-draft for one chat slows the others: drafts go ahead only where every reply in the step is also expected to come
-:data:`MARGIN` faster (a reply whose drafts are kept less often gets fewer of the step's draft tokens). So a
-single chat on a CPU drafts while its drafts are mostly right; a batch drafts only when all of its replies have
-drafts that pay, and less as it grows (its rows cost as much as they give). After :data:`PROBE_EVERY` steps per
-reply without a draft, one step gives every reply with a draft on offer one token, so acceptance (and what a
-step with drafts costs) stays measured.
+makes the slowest reply of the step fastest: each reply's expected tokens over the step's measured time at that
+many rows, against one token in a plain step's measured time, and only if that is :data:`MARGIN` better
+(:data:`BATCH_MARGIN` for several replies: a reply whose drafts happen to fail is slowed by the others'). Every
+reply in a step waits for the whole step, so a draft for one chat slows the others: drafts go ahead only where
+every reply in the step is expected to come faster. So a single chat on a CPU drafts while its drafts are mostly
+right; a batch drafts only when all of its replies have drafts that pay, and less as it grows (its rows cost
+as much as they give). After :data:`PROBE_EVERY` steps per reply without a draft, one step gives every reply
+with a draft on offer one token, so acceptance (and what a step with drafts costs) stays measured.
 ``ngram`` always drafts :data:`FORCED_DRAFT` tokens where lookup finds some; ``off`` never drafts.
 
 **Where drafts come from.** N-gram lookup (:mod:`.ngram`) first: its drafts are free, but only where the text
@@ -49,17 +48,12 @@ TO_DRAFT = -1  # a draft token the draft model writes once the step is scheduled
 FORCED_DRAFT = 5  # tokens per draft when speculation is forced on
 PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.5, 2.0  # before anything is measured: a coin, worth two tries
 REQUEST_DECAY = 0.8  # a request's recent drafts weigh most (its text changes: a quoted passage ends)
-# how many tries the engine-wide figure is worth in a request's own, per source: lookup's drafts are right where
-# a text repeats and wrong elsewhere (kept 14-67% by workload on the bench), a draft model's are about as right
-# for every reply (90-97%), so one unlucky draft at a reply's start (its first words) should not end its drafts
-REQUEST_PRIOR_WEIGHT = {"lookup": PRIOR_WEIGHT, "model": 2 * PRIOR_WEIGHT}
 ENGINE_DECAY = 0.98
 PRIOR_ROW_SHARE = 0.25  # until row counts far enough apart are measured, a row is guessed at a quarter of a step
 PROBE_EVERY = 16  # steps without a draft (times the batch) before the replies try one token each again
-MARGIN = 1.03  # drafts must promise this much more than a plain step, for every reply: what is measured is noisy
-# ... and the step's tokens per second this much where several replies share it: each waits for the whole step,
-# so the one whose drafts happen to fail is slowed by the others' rows (expected gains hide that; the bench's four
-# chats showed it)
+MARGIN = 1.03  # drafts must promise this much more than a plain step: what is measured is noisy
+# ... and this much where several replies share the step: each waits for the whole step, so the one whose drafts
+# happen to fail is slowed by the others' rows (expected gains hide that; the bench's four chats showed it)
 BATCH_MARGIN = 1.25
 # row counts the steps seen must span before the line's slope is theirs: four chats' first steps with drafts,
 # at six and eight rows, gave one of 18 ms a row where the step with five-token drafts took 5 ms a row more.
@@ -290,9 +284,8 @@ class Speculator:
 
     def _auto_lengths(self, proposals: dict[str, tuple[Sequence, list[int]]], batch: int) -> dict[str, int]:
         """Draft lengths for the step (see the module's text): the ``e`` draft tokens most likely to be kept,
-        for the ``e`` whose step promises most tokens per second, by its margin over a plain step, while every
-        reply in it (those without a draft too, whose steps the drafts slow) is expected to come :data:`MARGIN`
-        faster than in a plain step."""
+        for the ``e`` whose step promises most tokens per second while every reply in it (those without a
+        draft too, whose steps the drafts slow) is expected to come :data:`MARGIN` faster than in a plain step."""
         if not self.costs.known:
             self._reason = "auto: measuring what a step costs"
             return {}
@@ -303,7 +296,7 @@ class Speculator:
                           for j in range(len(draft))), reverse=True)
         plain_step = self.costs.predict(batch)
         margin = MARGIN if batch == 1 else BATCH_MARGIN
-        best, best_gain = 0, margin  # the step's tokens per second against a plain step's
+        best, best_gain = 0, margin
         chose_unmeasured = False  # one row count not measured yet at a time: the smallest that promises most
         expected = dict.fromkeys(proposals, 1.0)  # tokens each drafting reply expects from the step
         slowest = 1.0 if len(proposals) < batch else None  # a reply without a draft gets one token
@@ -321,9 +314,8 @@ class Speculator:
                 continue
             least = min(min(expected.values()), slowest or float("inf"))
             seconds = costs.predict(batch + extra)
-            speed = error * plain_step / seconds  # a token of the step against one of a plain step
-            gain = tokens / batch * speed
-            if gain > best_gain and least * speed >= MARGIN:  # and the slowest reply is not slowed
+            gain = error * least * plain_step / seconds  # the slowest reply against a plain step
+            if gain > best_gain:
                 best, best_gain, chose_unmeasured = extra, gain, unmeasured
                 self._forecast = (batch, tokens / seconds)
         lengths = dict.fromkeys(proposals, 0)
@@ -336,10 +328,9 @@ class Speculator:
             self._plain_steps = 0 if best else self._plain_steps + 1
         drafting = sum(1 for n in lengths.values() if n)
         lately = f"kept lately: {prior:.0%}" + (f", drafts' steps {error:.2f}x their forecast" if error != 1 else "")
-        self._reason = (f"auto: drafting for {drafting} of {batch} replies, {best} tokens (expected {best_gain:.2f}x "
-                        f"the tokens per second, no reply slower; {lately})" if best else
-                        f"auto: not drafting (no draft makes the replies {margin:.2f}x as fast without slowing "
-                        f"one; {lately})")
+        self._reason = (f"auto: drafting for {drafting} of {batch} replies, {best} tokens (every reply expected "
+                        f"{best_gain:.2f}x as fast; {lately})" if best else
+                        f"auto: not drafting (no draft makes every reply {margin:.2f}x as fast; {lately})")
         return lengths
 
     def _draft_costs(self, with_model: bool, batch: int) -> StepCosts | BatchGuess:
@@ -357,7 +348,7 @@ class Speculator:
     def _acceptance(self, source: str, request_id: str) -> Acceptance:
         key = (source, request_id)
         if key not in self._requests:
-            self._requests[key] = Acceptance(REQUEST_DECAY, weight=REQUEST_PRIOR_WEIGHT[source])
+            self._requests[key] = Acceptance(REQUEST_DECAY)
         return self._requests[key]
 
     def record(self, chunks, seconds: float, decode_only: bool, draft_seconds: float | None = 0.0) -> None:

@@ -214,37 +214,6 @@ def test_a_batch_waits_for_a_draft_model_that_fell_behind_and_a_lone_reply_does_
     assert seqs[3].draft and set(seqs[3].draft) == {TO_DRAFT}  # alone: one pass catches up
 
 
-@pytest.mark.parametrize("source", ["model", "lookup"])
-def test_one_rejected_draft_ends_a_replys_lookup_drafts_in_a_batch_but_not_its_draft_models(source):
-    speculator = Speculator("auto", draft_model="m" if source == "model" else None)
-    _learnt(speculator, fixed=0.010, per_row=0.001, rows=range(1, 40))
-    for _ in range(10):
-        speculator.engine_acceptance[source].record(8, 8)
-    seqs = [_seq(str(i)) for i in range(4)]
-    for seq in seqs:
-        seq.draft_computed = seq.num_tokens - 2
-    speculator._acceptance(source, "0").record(6, 0)  # its first draft: all rejected
-    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
-    if source == "model":  # the draft model's acceptance is much the same for every reply: the engine's weighs more
-        assert all(s.draft and set(s.draft) == {TO_DRAFT} for s in seqs)
-    else:  # lookup's depends on the reply's text
-        assert not any(s.draft for s in seqs)
-
-
-def test_a_reply_whose_drafts_are_kept_less_often_takes_fewer_draft_tokens_and_does_not_stop_the_batchs():
-    speculator = Speculator("auto")
-    _learnt(speculator, fixed=0.010, per_row=0.001, rows=range(1, 40))
-    for _ in range(10):
-        speculator.engine_acceptance["lookup"].record(8, 8)
-    seqs = [_seq(str(i)) for i in range(4)]
-    for _ in range(3):
-        speculator._acceptance("lookup", "0").record(4, 2)  # two of four kept, lately
-    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
-    lengths = [len(s.draft) for s in seqs]
-    assert all(lengths) and lengths[0] < min(lengths[1:])
-    assert "no reply slower" in speculator.stats().reason
-
-
 def _bursty_batch(speculator: Speculator, steps: int = 40) -> int:
     """Four replies whose drafts are kept in bursts (all of them, then none), each step costing what the line
     says: the steps that drafted."""
