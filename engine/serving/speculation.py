@@ -28,16 +28,18 @@ with a draft on offer one token, so acceptance (and what a step with drafts cost
 ``ngram`` always drafts :data:`FORCED_DRAFT` tokens where lookup finds some; ``off`` never drafts.
 
 **Where drafts come from.** N-gram lookup (:mod:`.ngram`) first: its drafts are free, but only where the text
-repeats. With a draft model loaded (:mod:`.draft_model`), a reply lookup has nothing for in ``auto`` (every
-reply in ``draft``) has the draft model's on offer: the plan is then a length, and the draft model writes that
-many tokens (:data:`TO_DRAFT` until then) once the step's blocks are known. Its passes are part of what such a
-step costs, so steps with its drafts are measured apart from steps with lookup's only. A draft model that
-auto has left out for a stretch of a batch's steps is not offered to that batch again: catching up on every
-reply's missed tokens costs more than the plain steps it would speed up (:meth:`Speculator._model_may_draft`).
+repeats. With a draft model loaded (:mod:`.draft_model`), a lone reply that lookup has nothing for in ``auto``
+(every reply in ``draft``) has the draft model's on offer: the plan is then a length, and the draft model writes
+that many tokens (:data:`TO_DRAFT` until then) once the step's blocks are known. Its passes are part of what such
+a step costs, so steps with its drafts are measured apart from steps with lookup's only. In a batch, auto does not
+price the draft model's drafts step by step but tries them (:mod:`.draft_trials`): every reply drafts
+:data:`FORCED_DRAFT` tokens with it for as long as its steps come faster than plain ones, and lookup's drafts are
+weighed as above in between.
 """
 
 from __future__ import annotations
 
+from .draft_trials import BatchTrials
 from .metrics import SpeculationStats
 from .ngram import NgramProposer
 from .sequence import Sequence
@@ -63,9 +65,6 @@ BATCH_MARGIN = 1.25
 MIN_SPAN = 4
 MEASURED = 3  # steps at a row count before its own mean is trusted over the line
 COST_DECAY = 0.8  # a row count's mean time follows the machine's load
-# reply tokens a draft model may have missed and still draft for a reply in a batch: the few that steps without
-# its drafts leave (lookup's drafts, a draft that would not fit in the reply's block), not a stretch of plain steps
-CLOSE_BEHIND = 2 + MAX_DRAFT
 AGE_DECAY = 0.99  # a row count not seen for a while weighs less (contexts grow, the load changes): half in 70 steps
 # how far a step with drafts may come out above or below its forecast, as a factor on later forecasts (see
 # :class:`Calibration`), and how fast it follows: four chats' drafts forecast at 1.3x came out at 0.9x (kept
@@ -182,23 +181,6 @@ class Calibration:
         self._forecast[batch] = CALIBRATION_DECAY * self._forecast[batch] + 1.0
 
 
-class BatchGuess:
-    """What a step of ``batch`` replies with the draft model's drafts is guessed to cost before one is measured: a
-    plain step of the batch, plus what drafts added to one reply's step at the length of the batch's longest draft
-    (the draft model's passes follow it, batched over the replies; the plain steps' line would price each draft
-    row as a reply of its own, which the rows of a reply's draft are not: they share its keys)."""
-
-    def __init__(self, plain: StepCosts, alone: StepCosts, batch: int) -> None:
-        self.plain, self.alone, self.batch = plain, alone, batch
-
-    def measured(self, rows: int) -> bool:
-        return False
-
-    def predict(self, rows: int) -> float:
-        longest = -(-(rows - self.batch) // self.batch)
-        return self.plain.predict(self.batch) + max(0.0, self.alone.predict(1 + longest) - self.plain.predict(1))
-
-
 class Speculator:
     """Sets each decoding request's draft before a step, and learns from what the step kept."""
 
@@ -219,6 +201,8 @@ class Speculator:
         self._speedup: float | None = None
         self.calibration = Calibration()  # auto's forecasts for steps with drafts against what they gave
         self._forecast: tuple[int, float] | None = None  # the step's: (replies, tokens/s) where auto drafts
+        self.trials = BatchTrials()  # in auto, whether a batch drafts with the draft model
+        self._batch_trial = False  # the step's drafts are the draft model's for a batch (judged by the trials)
         self._active = False
         self.set_mode(mode)
 
@@ -238,22 +222,38 @@ class Speculator:
         proposals = {}
         self._sources = {}
         self._forecast = None
+        batch_tried = self.uses_draft_model and self.mode == "auto" and len(decoding) > 1  # see .draft_trials
+        self._batch_trial = batch_tried and self.trials.drafts()
         for seq in decoding:
-            limit = min(room.get(seq.request_id, 0), MAX_DRAFT if self.mode == "auto" else FORCED_DRAFT)
-            draft = [] if self.mode == "draft" else self.proposer.propose(seq.request_id, seq.token_ids, limit)
-            if (self.uses_draft_model and limit and (not draft or self._model_is_better(seq.request_id))
-                    and self._model_may_draft(seq, len(decoding))):
-                draft = [TO_DRAFT] * limit
+            draft = self._on_offer(seq, room.get(seq.request_id, 0), model_per_step=not batch_tried)
             if draft:
                 proposals[seq.request_id] = (seq, draft)
                 self._sources[seq.request_id] = "model" if draft[0] == TO_DRAFT else "lookup"
-        if self.mode == "auto":
+        if self._batch_trial:
+            self._reason = f"auto: {self.trials.describe(len(decoding))}"
+            lengths = {rid: len(draft) for rid, (_, draft) in proposals.items()}
+        elif self.mode == "auto":
             lengths = self._auto_lengths(proposals, len(decoding))
+            if batch_tried:
+                self._reason += f"; the draft model: {self.trials.describe(len(decoding))}"
         else:
             lengths = {rid: len(draft) for rid, (_, draft) in proposals.items()}
         for rid, (seq, draft) in proposals.items():
             seq.draft = draft[: lengths.get(rid, 0)]
         self._active = any(seq.draft for seq, _ in proposals.values())
+
+    def _on_offer(self, seq: Sequence, room: int, model_per_step: bool) -> list[int]:
+        """The draft on offer for ``seq``, at most ``room`` tokens: the draft model's for every reply of a batch
+        trying it; else lookup's, or the draft model's where lookup has none or is kept less often and
+        ``model_per_step`` (auto weighs the draft model step by step only for a lone reply)."""
+        if self._batch_trial:
+            return [TO_DRAFT] * min(room, FORCED_DRAFT)
+        limit = min(room, MAX_DRAFT if self.mode == "auto" else FORCED_DRAFT)
+        draft = [] if self.mode == "draft" else self.proposer.propose(seq.request_id, seq.token_ids, limit)
+        if (self.uses_draft_model and model_per_step and limit
+                and (not draft or self._model_is_better(seq.request_id))):
+            return [TO_DRAFT] * limit
+        return draft
 
     @property
     def uses_draft_model(self) -> bool:
@@ -267,18 +267,6 @@ class Speculator:
             return False
         return self._rate("model", request_id) > self._rate("lookup", request_id)
 
-    def _model_may_draft(self, seq: Sequence, batch: int) -> bool:
-        """In auto, whether the draft model is offered for ``seq``. Where it has missed reply tokens (auto decoded
-        without it), it must first catch up on all of them. Alone, that is one pass over a few tokens against as
-        many whole steps of the target (on this CPU 20 ms against 16 float32 steps of 50 ms). In a batch the
-        missed tokens are every reply's, and the plain steps they came from were shared: four chats' probe every
-        64 steps caught up on 256 tokens in 0.3-0.8 s, 6-14% of those steps' time, for a one-token probe after
-        which the batch rarely drafted. So in a batch it drafts only for replies it is close behind
-        (:data:`CLOSE_BEHIND`; the prompt's own catch-up is not counted)."""
-        if self.mode != "auto" or batch == 1:
-            return True
-        return seq.num_tokens - max(seq.draft_computed, seq.num_prompt_tokens) <= CLOSE_BEHIND
-
     def _rate(self, source: str, request_id: str) -> float:
         return self._acceptance(source, request_id).rate(self.engine_acceptance[source].rate())
 
@@ -290,7 +278,7 @@ class Speculator:
             self._reason = "auto: measuring what a step costs"
             return {}
         rates = {rid: self._rate(self._sources[rid], rid) for rid in proposals}
-        prior = self.engine_acceptance["model" if self.uses_draft_model else "lookup"].rate()
+        prior = self.engine_acceptance["model" if "model" in self._sources.values() else "lookup"].rate()
         # the chance each draft token is kept; a draft's later tokens never rank before its earlier ones
         chances = sorted(((rates[rid] ** (j + 1), rid) for rid, (_, draft) in proposals.items()
                           for j in range(len(draft))), reverse=True)
@@ -333,17 +321,10 @@ class Speculator:
                         f"auto: not drafting (no draft makes every reply {margin:.2f}x as fast; {lately})")
         return lengths
 
-    def _draft_costs(self, with_model: bool, batch: int) -> StepCosts | BatchGuess:
-        """What steps of ``batch`` replies with drafts cost, as measured; until then, with the draft model, a guess
-        from one reply's steps (:class:`BatchGuess`), else the plain steps' line."""
-        tables = self.model_costs if with_model else self.lookup_costs
-        costs = tables.get(batch)
-        if costs is not None and costs.known:
-            return costs
-        alone = tables.get(1)
-        if with_model and batch > 1 and alone is not None and alone.known and self.costs.known:
-            return BatchGuess(self.costs, alone, batch)
-        return self.costs
+    def _draft_costs(self, with_model: bool, batch: int) -> StepCosts:
+        """What steps of ``batch`` replies with drafts cost, as measured; until then the plain steps' line."""
+        costs = (self.model_costs if with_model else self.lookup_costs).get(batch)
+        return costs if costs is not None and costs.known else self.costs
 
     def _acceptance(self, source: str, request_id: str) -> Acceptance:
         key = (source, request_id)
@@ -379,6 +360,8 @@ class Speculator:
         if drafted_rows and self._forecast is not None:
             replies, forecast_rate = self._forecast
             self.calibration.record(replies, forecast_rate, emitted / seconds)
+        if drafted_rows and self._batch_trial and self.costs.known:
+            self.trials.record(emitted, seconds, self.costs.predict(len(chunks)) / len(chunks))
         if drafted_rows and self.costs.known:
             plain = (rows - drafted_rows) / self.costs.predict(rows - drafted_rows)
             ratio = (emitted / seconds) / plain

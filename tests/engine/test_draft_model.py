@@ -12,6 +12,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.errors import ModelLoadError
 from engine.models.fit import estimate
 from engine.serving.draft_model import DraftModel
+from engine.serving.draft_trials import FIRST_WAIT, TRIAL_STEPS
 from tests.helpers.pool import assert_preempted_cached_and_drained
 from tests.helpers.tiny_models import ARCHITECTURES
 
@@ -110,9 +111,13 @@ def test_a_cached_prefix_is_cached_for_the_draft_too(tiny_llama):
 
 
 def test_auto_with_a_draft_model_changes_nothing(tiny_llama):
-    plain = _engine(tiny_llama).generate(PROMPTS, GREEDY)
+    """Alone a reply weighs the draft model step by step; a batch tries it (after a stretch of plain steps, every
+    reply drafts with it): neither changes a token."""
+    params = SamplingParams(max_tokens=FIRST_WAIT + 8 * TRIAL_STEPS, temperature=0.0, ignore_eos=True)
+    plain = _engine(tiny_llama).generate(PROMPTS, params)
     engine = _engine(tiny_llama, "auto", draft_model=str(tiny_llama), draft_quantization="int4")
-    assert [o.token_ids for o in engine.generate(PROMPTS * 3, GREEDY)] == [o.token_ids for o in plain] * 3
+    assert [o.token_ids for o in engine.generate(PROMPTS * 3, params)] == [o.token_ids for o in plain] * 3
+    assert engine.speculator.engine_acceptance["model"].tried > 0 and engine.speculator.trials.pace is not None
     assert engine.stats().speculation.reason.startswith("auto (")
 
 

@@ -5,11 +5,11 @@ right, none where a row costs what it can give, a one-token probe now and then."
 import pytest
 
 from engine.sampling_params import SamplingParams
+from engine.serving.draft_trials import FIRST_WAIT, KEEP_MARGIN, TRIAL_STEPS
 from engine.serving.scheduler import Chunk
 from engine.serving.sequence import Sequence
 from engine.serving.speculation import (
     CALIBRATION_RANGE,
-    CLOSE_BEHIND,
     FORCED_DRAFT,
     MAX_DRAFT,
     MIN_SPAN,
@@ -169,49 +169,59 @@ def test_auto_waits_for_a_measured_step_before_drafting():
     assert seq.draft == [] and "measuring" in speculator.stats().reason
 
 
-def test_draft_steps_measured_for_one_reply_do_not_stand_for_a_batch():
-    """With a draft model, a step's passes follow its longest draft, not its rows: one reply drafting eight tokens
-    takes eight passes, four replies drafting two each take two. Steps with drafts are measured per number of
-    replies; a batch that has not drafted yet is judged by a plain step of the batch plus what one reply's draft
-    of its longest length added (not by the plain line, which prices each draft row as a reply), and tries."""
-    speculator = Speculator("auto", draft_model="m")
-    _learnt(speculator, fixed=0.010, per_row=0.005, rows=range(1, 12))  # a reply's row: 5 ms
-    for rows in range(2, 10):  # one reply with the draft model: every draft token a pass and a row, 6 ms
-        for _ in range(3):
-            speculator.model_costs.setdefault(1, StepCosts()).observe(rows, 0.015 + 0.006 * (rows - 1))
-    for _ in range(10):
-        speculator.engine_acceptance["model"].record(5, 4)  # four in five kept
-    seqs = [Sequence(str(i), list(range(1000 + 50 * i, 1050 + 50 * i)), 10, SamplingParams(max_tokens=500), 0.0)
-            for i in range(4)]  # lookup finds nothing: the draft model's drafts are on offer
-    for seq in seqs:
-        seq.draft_computed = seq.num_tokens - 1  # the draft model is in step with every reply
-    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
-    assert all(s.draft and set(s.draft) == {TO_DRAFT} for s in seqs)
-    assert speculator._draft_costs(True, 4).predict(8) == pytest.approx(0.030 + 0.006)  # one pass for the batch
-    lone = seqs[:1]
-    speculator.plan(lone, {"0": 100})
-    assert 0 < len(lone[0].draft) < MAX_DRAFT  # alone, its measured passes cap the draft
+def _unfound(count: int) -> list[Sequence]:
+    """Replies lookup finds nothing for: only the draft model's drafts are on offer."""
+    return [Sequence(str(i), list(range(1000 + 50 * i, 1050 + 50 * i)), 10, SamplingParams(max_tokens=500), 0.0)
+            for i in range(count)]
 
 
-def test_a_batch_waits_for_a_draft_model_that_fell_behind_and_a_lone_reply_does_not():
-    """A draft model that missed reply tokens catches up on all of them before it drafts: one pass for a lone
-    reply, but every reply's missed tokens in a batch, where their plain steps were cheap. In a batch only the
-    replies it is close behind get its drafts; alone a reply gets them however far behind it is."""
+def _step(speculator: Speculator, seqs: list[Sequence], kept: int, seconds: float) -> None:
+    """The planned step ran: each draft had its first ``kept`` tokens kept, in ``seconds`` (draft passes too)."""
+    chunks = [Chunk(s, s.num_tokens - 1, 1 + len(s.draft), tuple(s.draft), min(kept, len(s.draft))) for s in seqs]
+    draft_seconds = 0.001 if any(s.draft for s in seqs) else 0.0  # the draft model's passes, part of the time
+    speculator.record(chunks, seconds - draft_seconds, decode_only=True, draft_seconds=draft_seconds)
+
+
+def test_a_lone_reply_weighs_the_draft_model_step_by_step():
     speculator = Speculator("auto", draft_model="m")
-    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 40))
+    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 12))
     for _ in range(10):
         speculator.engine_acceptance["model"].record(8, 8)
-    seqs = [Sequence(str(i), list(range(1000 + 50 * i, 1050 + 50 * i)), 10, SamplingParams(max_tokens=500), 0.0)
-            for i in range(4)]
-    for seq in seqs:
-        seq.draft_computed = seq.num_tokens - 2  # the last token and the one before: the first pass's
-    seqs[3].draft_computed = seqs[3].num_tokens - CLOSE_BEHIND - 1  # a stretch of plain steps behind
-    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
-    assert [bool(s.draft) for s in seqs] == [False] * 4  # the reply without a draft would be slowed: none drafts
-    speculator.plan(seqs[:3], {s.request_id: 100 for s in seqs[:3]})
-    assert all(s.draft and set(s.draft) == {TO_DRAFT} for s in seqs[:3])
-    speculator.plan(seqs[3:], {"3": 100})
-    assert seqs[3].draft and set(seqs[3].draft) == {TO_DRAFT}  # alone: one pass catches up
+    [lone] = _unfound(1)
+    speculator.plan([lone], {"0": 100})
+    assert lone.draft and set(lone.draft) == {TO_DRAFT}
+    speculator.plan([lone], {"0": 3})
+    assert lone.draft == [TO_DRAFT] * 3  # within the room left
+
+
+def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
+    """In a batch the draft model is not priced step by step but tried: after a stretch of plain steps every reply
+    drafts with it, goes on while the drafted steps come faster than plain steps of the batch would have for the
+    same tokens, and stops once they do not (the next trial after a longer wait)."""
+    speculator = Speculator("auto", draft_model="m")
+    plain_step = 0.040  # four replies' plain step: 100 tokens/s
+    for rows in range(1, 10):
+        for _ in range(3):
+            speculator.costs.observe(rows, plain_step)
+    seqs = _unfound(4)
+    room = {s.request_id: 100 for s in seqs}
+    for _ in range(FIRST_WAIT):
+        speculator.plan(seqs, room)
+        assert all(s.draft == [] for s in seqs)
+        _step(speculator, seqs, 0, plain_step)
+    assert "next trial in 1 steps" in speculator.stats().reason
+    for _ in range(3 * TRIAL_STEPS):  # four kept of five: 20 tokens in two plain steps' time, 2.5x the pace
+        speculator.plan(seqs, room)
+        assert all(s.draft == [TO_DRAFT] * FORCED_DRAFT for s in seqs)
+        _step(speculator, seqs, 4, 2 * plain_step)
+    assert speculator.trials.pace == pytest.approx(2.5) and "2.50x" in speculator.stats().reason
+    stopped_after = 0
+    while all(s.draft for s in seqs):  # then nothing is kept: 4 tokens in two plain steps' time
+        _step(speculator, seqs, 0, 2 * plain_step)
+        stopped_after += 1
+        speculator.plan(seqs, room)
+    assert 1 <= stopped_after <= 6 and speculator.trials.pace < KEEP_MARGIN
+    assert "not drafting" in speculator.stats().reason
 
 
 def _bursty_batch(speculator: Speculator, steps: int = 40) -> int:
