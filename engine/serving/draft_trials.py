@@ -6,20 +6,28 @@ or two behind it at most, and one reply's steps are cheap to learn. In a batch t
 model's passes follow the longest draft, the check's rows cost what the linear kernels make them cost at that
 width, and a draft model that sat out a stretch of plain steps must first catch up on every reply's missed
 tokens; four chats' forecasts came out at 0.4-1.3x, and auto stayed at 1.04-1.14x of plain decoding where forced
-drafts gave 1.6x. So a batch tries it instead: after a stretch of plain steps every reply drafts with the draft
-model, and after :data:`TRIAL_STEPS` drafted steps their pace (tokens over the steps' time, the draft model's
-passes included) is set against what plain steps of the same batches would have taken for those tokens. Where it
-is :data:`KEEP_MARGIN` faster the batch goes on drafting, watched the same way step by step, and stops as soon as
-it falls below. A trial that lost makes the next one wait twice as long, so a batch whose draft model does not pay
-spends little on trials. (The steps in which the draft model catches up on what it missed are left out of the
-pace: a cost of starting, bounded by the wait before each trial.)
+drafts gave 1.6x. So a batch tries it instead: after :data:`FIRST_WAIT` plain steps (the plain steps' cost at the
+batch measured, and little for the draft model to catch up on) every reply drafts with the draft model, and after
+:data:`TRIAL_STEPS` drafted steps their pace (tokens over the steps' time, the draft model's passes and its
+catching up included) is set against what plain steps of the same batches would have taken for those tokens.
+Where it is :data:`KEEP_MARGIN` faster the batch goes on drafting, watched the same way step by step, and stops
+as soon as it falls below.
+
+Trying is not free: the draft model catches up on every reply's tokens it missed, which costs about a third of
+the plain steps it sat out at thirty-two chats of the float32 default model (a pass of the int4 copy over one
+position takes a third of what a plain step spends on one reply), and a losing trial's steps are slower than
+plain ones. So a trial starts only where the draft model is close behind every reply (:data:`CLOSE_BEHIND`
+tokens of its reply: a batch that has just started, or has just stopped drafting), and a batch whose drafting
+stopped, or whose trial lost, is not tried again at that many replies or more for :data:`LOST_WAIT` plain steps;
+fewer replies may try after the first wait.
 """
 
 from __future__ import annotations
 
 TRIAL_STEPS = 4  # drafted steps a trial runs before it is judged
-FIRST_WAIT = 32  # plain steps before a batch's first trial, and after drafting that paid stops
-MAX_WAIT = 1024  # the most plain steps between trials that lost
+FIRST_WAIT = 8  # plain steps before a batch tries the draft model
+LOST_WAIT = 512  # ... where a batch of as many replies or fewer stopped drafting or lost its trial
+CLOSE_BEHIND = FIRST_WAIT + 2  # reply tokens the draft model may have missed for a batch to try it
 KEEP_MARGIN = 1.1  # drafted steps must come this much faster than plain ones: step times are noisy
 PACE_DECAY = 0.8  # recent steps weigh most (a quoted passage ends; the machine's load changes)
 
@@ -29,22 +37,27 @@ class BatchTrials:
 
     def __init__(self) -> None:
         self.drafting = False
-        self._wait = FIRST_WAIT
         self._plain_steps = 0
-        self._paid = False  # a judgement of the present drafting run found it faster
+        self._batch = 0  # replies in the latest step
+        self._lost_at: int | None = None  # the fewest replies whose drafting stopped or whose trial lost lately
         self._plain_seconds = self._seconds = 0.0  # (decayed) what plain steps would have taken, what it took
         self._judged_steps = 0
         self.pace: float | None = None  # the drafted steps' pace over plain steps', as last judged
 
-    def drafts(self) -> bool:
-        """Whether the next step of a batch drafts with the draft model; a step that does not counts towards the
-        next trial."""
+    def wait(self, batch: int) -> int:
+        """Plain steps before ``batch`` replies try the draft model."""
+        return LOST_WAIT if self._lost_at is not None and batch >= self._lost_at else FIRST_WAIT
+
+    def drafts(self, batch: int, behind: int) -> bool:
+        """Whether the next step of ``batch`` replies drafts with the draft model, which has missed at most
+        ``behind`` tokens of each reply; a step that does not counts towards the next trial."""
         if not self.drafting:
             self._plain_steps += 1
-            if self._plain_steps > self._wait:
-                self.drafting, self._paid = True, False
+            if self._plain_steps > self.wait(batch) and behind <= CLOSE_BEHIND:
+                self.drafting = True
                 self._plain_seconds = self._seconds = 0.0
                 self._judged_steps = 0
+        self._batch = batch
         return self.drafting
 
     def record(self, tokens: int, seconds: float, plain_seconds_per_token: float) -> None:
@@ -57,16 +70,18 @@ class BatchTrials:
             return
         self.pace = self._plain_seconds / self._seconds
         if self.pace >= KEEP_MARGIN:
-            self._paid = True
+            if self._lost_at is not None and self._batch >= self._lost_at:
+                self._lost_at = None  # it pays again where it lost
             return
         self.drafting, self._plain_steps = False, 0
-        self._wait = FIRST_WAIT if self._paid else min(MAX_WAIT, 2 * self._wait)
+        self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
 
     def describe(self, batch: int) -> str:
         pace = "" if self.pace is None else f"{self.pace:.2f}x a plain step's pace lately"
         if self.drafting:
             return (f"drafting with the draft model for every reply of {batch}"
-                    + (f" ({pace})" if pace and self._paid else ": trying it"))
-        left = max(0, self._wait - self._plain_steps + 1)
+                    + (f" ({pace})" if pace and self._judged_steps >= TRIAL_STEPS else ": trying it"))
+        left = max(0, self.wait(batch) - self._plain_steps + 1)
+        when = f"in {left} steps" if left else "with replies it has not fallen behind"
         return (f"not drafting for {batch} replies" + (f" (the draft model's steps came {pace})" if pace else "")
-                + f"; its next trial in {left} steps")
+                + f"; its next trial {when}")

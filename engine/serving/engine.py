@@ -223,8 +223,8 @@ class Engine:
         self._adapt_threads()
         self._plan_drafts()
         scheduled = self._schedule()
-        draft_seconds = self._write_drafts(scheduled)
-        outputs = self._compute(scheduled, draft_seconds) if scheduled.chunks else []
+        draft_seconds, caught_up = self._write_drafts(scheduled)
+        outputs = self._compute(scheduled, draft_seconds, caught_up) if scheduled.chunks else []
         reported, self._pending = self._pending, []
         if not self.scheduler.has_unfinished():
             self._release_free_pages()
@@ -239,15 +239,16 @@ class Engine:
                 - 1 for seq in decoding}
         self.speculator.plan(decoding, room)
 
-    def _write_drafts(self, scheduled: SchedulerOutput) -> float | None:
-        """The draft model's drafts for the step's chunks that have room for one (:mod:`.draft_model`); the
-        seconds its passes took, None where it caught up on more than a token or two (a prompt it had not seen:
-        not what a step with drafts costs). Should it fail, the step goes on without drafts."""
+    def _write_drafts(self, scheduled: SchedulerOutput) -> tuple[float, bool]:
+        """The draft model's drafts for the step's chunks that have room for one (:mod:`.draft_model`): the
+        seconds its passes took, and whether they caught up on more than a token or two (a prompt it had not
+        seen, replies it sat out: not what a step with drafts usually costs). Should it fail, the step goes on
+        without drafts."""
         if self.draft is None or not self.speculator.uses_draft_model:
-            return 0.0
+            return 0.0, False
         chunks = [c for c in scheduled.chunks if c.draft and c.draft[0] == TO_DRAFT]
         if not chunks:
-            return 0.0
+            return 0.0, False
         start = time.perf_counter()
         try:
             caught_up = self.draft.fill(chunks, self.block_manager,
@@ -256,8 +257,8 @@ class Engine:
             log.exception("the draft model failed; this step goes on without drafts")
             for chunk in chunks:
                 chunk.draft, chunk.num_tokens, chunk.seq.draft_computed = (), 1, 0
-            return None
-        return time.perf_counter() - start if not caught_up else None
+            return time.perf_counter() - start, True
+        return time.perf_counter() - start, caught_up > 0
 
     def _release_free_pages(self) -> None:
         """Idle on the CPU: the pages of blocks freed since, and the heap the steps' activations left, are given
@@ -602,9 +603,10 @@ class Engine:
             self._finish(seq, "error", f"the engine could not allocate its KV cache: {describe_failure(exc)}")
         return scheduled
 
-    def _compute(self, scheduled: SchedulerOutput, draft_seconds: float | None = 0.0) -> list[RequestOutput]:
+    def _compute(self, scheduled: SchedulerOutput, draft_seconds: float = 0.0, caught_up: bool = False
+                 ) -> list[RequestOutput]:
         """Run the forward pass for ``scheduled`` and turn its samples into outputs. ``draft_seconds``: what
-        writing the step's drafts took, part of the step's cost (None: not a typical step's)."""
+        writing the step's drafts took, part of the step's cost; ``caught_up``: not a typical step's."""
         start = time.perf_counter()
         for chunk in scheduled.chunks:
             if chunk.seq.first_scheduled_time is None:
@@ -622,7 +624,7 @@ class Engine:
         if self.disk is not None:
             self.disk.save(registered)
         prompt = [(c.start, c.num_tokens) for c in done.chunks if not c.is_decode]
-        self.speculator.record(done.chunks, end - start, not prompt and not failed, draft_seconds)
+        self.speculator.record(done.chunks, end - start, not prompt and not failed, draft_seconds, caught_up)
         outputs = self._append_tokens(done, sampled, end)
         self.counters.record_step(start, end, sum(n for _, n in prompt), sum(len(tokens) for tokens in sampled))
         if not failed:

@@ -203,6 +203,7 @@ class Speculator:
         self._forecast: tuple[int, float] | None = None  # the step's: (replies, tokens/s) where auto drafts
         self.trials = BatchTrials()  # in auto, whether a batch drafts with the draft model
         self._batch_trial = False  # the step's drafts are the draft model's for a batch (judged by the trials)
+        self._judged = False  # ... and the step tells what drafting gives (every reply had room for a draft)
         self._active = False
         self.set_mode(mode)
 
@@ -223,7 +224,9 @@ class Speculator:
         self._sources = {}
         self._forecast = None
         batch_tried = self.uses_draft_model and self.mode == "auto" and len(decoding) > 1  # see .draft_trials
-        self._batch_trial = batch_tried and self.trials.drafts()
+        self._batch_trial = batch_tried and self.trials.drafts(len(decoding), self._model_behind(decoding))
+        # a trial's steps are judged where every reply has room for a whole draft (not the last tokens of a reply)
+        self._judged = all(room.get(seq.request_id, 0) >= FORCED_DRAFT for seq in decoding)
         for seq in decoding:
             draft = self._on_offer(seq, room.get(seq.request_id, 0), model_per_step=not batch_tried)
             if draft:
@@ -254,6 +257,12 @@ class Speculator:
                 and (not draft or self._model_is_better(seq.request_id))):
             return [TO_DRAFT] * limit
         return draft
+
+    @staticmethod
+    def _model_behind(decoding: list[Sequence]) -> int:
+        """The most reply tokens the draft model has missed of any of ``decoding`` (a prompt it catches up on
+        is not counted: its cost goes with the prompt's)."""
+        return max(seq.num_tokens - max(seq.draft_computed, seq.num_prompt_tokens) for seq in decoding)
 
     @property
     def uses_draft_model(self) -> bool:
@@ -332,10 +341,11 @@ class Speculator:
             self._requests[key] = Acceptance(REQUEST_DECAY)
         return self._requests[key]
 
-    def record(self, chunks, seconds: float, decode_only: bool, draft_seconds: float | None = 0.0) -> None:
+    def record(self, chunks, seconds: float, decode_only: bool, draft_seconds: float = 0.0,
+               caught_up: bool = False) -> None:
         """Learn from a finished step: its chunks (with their drafts and what was kept) and its time, with the
-        ``draft_seconds`` the draft model's passes took (None: they caught up on text, which no other step
-        does). ``decode_only``: the step held no prompt work, so its time is a decode step's."""
+        ``draft_seconds`` the draft model's passes took (``caught_up``: they caught up on text first, which no
+        other step does). ``decode_only``: the step held no prompt work, so its time is a decode step's."""
         rows = drafted_rows = emitted = 0
         for chunk in chunks:
             rows += 1 + len(chunk.draft)
@@ -352,16 +362,14 @@ class Speculator:
             source = self._sources.get(chunk.seq.request_id, "lookup")
             self._acceptance(source, chunk.seq.request_id).record(len(chunk.draft), chunk.accepted)
             self.engine_acceptance[source].record(len(chunk.draft), chunk.accepted)
-        if draft_seconds is None or not decode_only or (draft_seconds and not drafted_rows):
-            return  # prompt work in the step, or the draft model catching up: not a decode step's cost
         seconds += draft_seconds
-        if seconds <= 0:
-            return
+        if self._batch_trial and self._judged and decode_only and self.costs.known:  # catching up included
+            self.trials.record(emitted, seconds, self.costs.predict(len(chunks)) / len(chunks))
+        if caught_up or not decode_only or (draft_seconds and not drafted_rows) or seconds <= 0:
+            return  # prompt work in the step, or the draft model catching up: not a decode step's cost
         if drafted_rows and self._forecast is not None:
             replies, forecast_rate = self._forecast
             self.calibration.record(replies, forecast_rate, emitted / seconds)
-        if drafted_rows and self._batch_trial and self.costs.known:
-            self.trials.record(emitted, seconds, self.costs.predict(len(chunks)) / len(chunks))
         if drafted_rows and self.costs.known:
             plain = (rows - drafted_rows) / self.costs.predict(rows - drafted_rows)
             ratio = (emitted / seconds) / plain

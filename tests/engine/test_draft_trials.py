@@ -1,24 +1,26 @@
-"""A batch's trials of the draft model: a stretch of plain steps, then drafted steps judged by their pace against
-plain steps', kept while they pay, and a longer wait after each trial that lost."""
+"""A batch's trials of the draft model: a few plain steps, then drafted steps judged by their pace against plain
+steps', kept while they pay; a batch as large as one that lost waits long before it tries again, and no batch
+tries while the draft model is far behind its replies."""
 
 import pytest
 
-from engine.serving.draft_trials import FIRST_WAIT, KEEP_MARGIN, MAX_WAIT, TRIAL_STEPS, BatchTrials
+from engine.serving.draft_trials import CLOSE_BEHIND, FIRST_WAIT, KEEP_MARGIN, LOST_WAIT, TRIAL_STEPS, BatchTrials
 
 PLAIN = 0.01  # seconds a plain step of the batch takes per token
 
 
-def _plain_steps(trials: BatchTrials) -> int:
-    """Steps until a trial starts."""
-    steps = 0
-    while not trials.drafts():
-        steps += 1
-    return steps
+def _plain_steps(trials: BatchTrials, batch: int = 4, behind: int = 0) -> int:
+    """Steps until a trial starts (at most a thousand)."""
+    for steps in range(1000):
+        if trials.drafts(batch, behind):
+            return steps
+    return 1000
 
 
-def _drafted(trials: BatchTrials, pace: float, steps: int) -> int:
+def _drafted(trials: BatchTrials, pace: float, steps: int, batch: int = 4) -> int:
     """Drafted steps at ``pace`` times a plain step's, until ``steps`` or the trials stop drafting: how many ran."""
     for ran in range(1, steps + 1):
+        trials.drafts(batch, 0)
         trials.record(tokens=10, seconds=10 * PLAIN / pace, plain_seconds_per_token=PLAIN)
         if not trials.drafting:
             return ran
@@ -38,22 +40,40 @@ def test_drafting_that_pays_goes_on_and_stops_within_a_few_steps_once_it_does_no
     assert _drafted(trials, pace=1.5, steps=200) == 200 and trials.drafting
     ran = _drafted(trials, pace=0.5, steps=100)
     assert 1 <= ran <= 4 and not trials.drafting
-    assert _plain_steps(trials) == FIRST_WAIT  # it paid: the next trial after the first wait
 
 
-def test_each_losing_trial_doubles_the_wait_up_to_the_most():
+def test_a_batch_as_large_as_one_that_lost_waits_long_and_a_smaller_one_does_not():
     trials = BatchTrials()
-    waits = []
-    for _ in range(10):
-        waits.append(_plain_steps(trials))
-        _drafted(trials, pace=0.8, steps=100)
-    assert waits[:4] == [FIRST_WAIT, 2 * FIRST_WAIT, 4 * FIRST_WAIT, 8 * FIRST_WAIT]
-    assert max(waits) == MAX_WAIT and waits[-1] == MAX_WAIT
+    _plain_steps(trials, batch=8)
+    _drafted(trials, pace=0.8, steps=100, batch=8)
+    assert _plain_steps(BatchTrials(), batch=8) == FIRST_WAIT
+    waited = _plain_steps(trials, batch=4)
+    assert waited == FIRST_WAIT
+    _drafted(trials, pace=1.5, steps=10, batch=4)  # four replies pay ...
+    _drafted(trials, pace=0.8, steps=100, batch=4)  # ... until they do not: four or more now wait long too
+    assert _plain_steps(trials, batch=16) == LOST_WAIT
+
+
+def test_a_win_where_it_lost_lifts_the_long_wait():
+    trials = BatchTrials()
+    _plain_steps(trials, batch=8)
+    _drafted(trials, pace=0.8, steps=100, batch=8)
+    assert trials.wait(8) == trials.wait(16) == LOST_WAIT and trials.wait(7) == FIRST_WAIT
+    assert _plain_steps(trials, batch=8) == LOST_WAIT
+    _drafted(trials, pace=1.5, steps=TRIAL_STEPS, batch=8)
+    assert trials.drafting and trials.wait(8) == trials.wait(16) == FIRST_WAIT
+
+
+def test_no_trial_while_the_draft_model_is_far_behind_a_reply():
+    trials = BatchTrials()
+    assert _plain_steps(trials, behind=CLOSE_BEHIND + 1) == 1000
+    assert trials.drafts(4, CLOSE_BEHIND)  # the wait has long passed: it tries once the batch is one it can join
 
 
 def test_recent_steps_weigh_most():
     trials = BatchTrials()
     _plain_steps(trials)
-    _drafted(trials, pace=0.9, steps=TRIAL_STEPS - 1)  # slow while the draft model finds its feet ...
+    _drafted(trials, pace=0.9, steps=TRIAL_STEPS - 1)  # slow while the draft model catches up ...
+    trials.drafts(4, 0)
     trials.record(tokens=10, seconds=10 * PLAIN / 3.0, plain_seconds_per_token=PLAIN)  # ... then fast
     assert trials.drafting and trials.pace > KEEP_MARGIN

@@ -205,11 +205,15 @@ def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
             speculator.costs.observe(rows, plain_step)
     seqs = _unfound(4)
     room = {s.request_id: 100 for s in seqs}
-    for _ in range(FIRST_WAIT):
+    for seq in seqs:
+        seq.draft_computed = seq.num_tokens - 1  # the draft model is level with every reply
+    seqs[3].draft_computed = seqs[3].num_prompt_tokens + 1  # ... but one it sat out for a stretch
+    for _ in range(FIRST_WAIT + 1):
         speculator.plan(seqs, room)
         assert all(s.draft == [] for s in seqs)
         _step(speculator, seqs, 0, plain_step)
-    assert "next trial in 1 steps" in speculator.stats().reason
+    assert "next trial with replies it has not fallen behind" in speculator.stats().reason
+    seqs = seqs[:3]
     for _ in range(3 * TRIAL_STEPS):  # four kept of five: 20 tokens in two plain steps' time, 2.5x the pace
         speculator.plan(seqs, room)
         assert all(s.draft == [TO_DRAFT] * FORCED_DRAFT for s in seqs)
