@@ -7,11 +7,11 @@ model's passes follow the longest draft, the check's rows cost what the linear k
 width, and a draft model that sat out a stretch of plain steps must first catch up on every reply's missed
 tokens; four chats' forecasts came out at 0.4-1.3x, and auto stayed at 1.04-1.14x of plain decoding where forced
 drafts gave 1.6x. So a batch tries it instead: after :data:`FIRST_WAIT` plain steps (the plain steps' cost at the
-batch measured, and little for the draft model to catch up on) every reply drafts with the draft model, and after
-:data:`TRIAL_STEPS` drafted steps their pace (tokens over the steps' time, the draft model's passes and its
-catching up included) is set against what plain steps of the same batches would have taken for those tokens.
-Where it is :data:`KEEP_MARGIN` faster the batch goes on drafting, watched the same way step by step, and stops
-as soon as it falls below.
+batch measured, and little for the draft model to catch up on; none where that cost is known) every reply drafts
+with the draft model, and after :data:`TRIAL_STEPS` drafted steps their pace (tokens over the steps' time, the
+draft model's passes and its catching up included) is set against what plain steps of the same batches would
+have taken for those tokens. Where it is :data:`KEEP_MARGIN` faster the batch goes on drafting, watched the same
+way step by step, and stops as soon as it falls below.
 
 Trying is not free: the draft model catches up on every reply's tokens it missed, which costs about a third of
 the plain steps it sat out at thirty-two chats of the float32 default model (a pass of the int4 copy over one
@@ -44,16 +44,30 @@ class BatchTrials:
         self._judged_steps = 0
         self.pace: float | None = None  # the drafted steps' pace over plain steps', as last judged
 
-    def wait(self, batch: int) -> int:
-        """Plain steps before ``batch`` replies try the draft model."""
-        return LOST_WAIT if self._lost_at is not None and batch >= self._lost_at else FIRST_WAIT
+    def reset(self) -> None:
+        """The batch ended (one reply left, or none) or the mode changed: the next batch waits the first plain
+        steps, and is judged afresh."""
+        self.drafting, self._plain_steps = False, 0
 
-    def drafts(self, batch: int, behind: int) -> bool:
+    @property
+    def starting(self) -> bool:
+        """A trial is under way and not judged yet: its steps bear the draft model's catching up."""
+        return self.drafting and self._judged_steps < TRIAL_STEPS
+
+    def wait(self, batch: int, plain_measured: bool = False) -> int:
+        """Plain steps before ``batch`` replies try the draft model: none where plain steps of as many replies
+        are measured already (a new batch of the same size drafts from its first step), unless it lost there."""
+        if self._lost_at is not None and batch >= self._lost_at:
+            return LOST_WAIT
+        return 0 if plain_measured else FIRST_WAIT
+
+    def drafts(self, batch: int, behind: int, plain_measured: bool = False) -> bool:
         """Whether the next step of ``batch`` replies drafts with the draft model, which has missed at most
-        ``behind`` tokens of each reply; a step that does not counts towards the next trial."""
+        ``behind`` tokens of each reply; a step that does not counts towards the next trial. ``plain_measured``:
+        what plain steps of ``batch`` replies take is known."""
         if not self.drafting:
             self._plain_steps += 1
-            if self._plain_steps > self.wait(batch) and behind <= CLOSE_BEHIND:
+            if self._plain_steps > self.wait(batch, plain_measured) and behind <= CLOSE_BEHIND:
                 self.drafting = True
                 self._plain_seconds = self._seconds = 0.0
                 self._judged_steps = 0

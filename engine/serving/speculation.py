@@ -211,6 +211,7 @@ class Speculator:
         """Draft as ``mode`` says from the next step on; what was measured is kept."""
         self.mode = mode
         self._active = False
+        self.trials.reset()
         self._reason = "off: chosen in the settings" if mode == "off" else "no reply has been written yet"
 
     def plan(self, decoding: list[Sequence], room: dict[str, int]) -> None:
@@ -218,13 +219,17 @@ class Speculator:
         many tokens each may still take (its ``max_tokens`` and the context, less one for the step's own)."""
         for seq in decoding:
             seq.draft = []
+        self._batch_trial = self._judged = False
+        if len(decoding) <= 1:
+            self.trials.reset()
         if self.mode == "off" or not decoding:
             return
         proposals = {}
         self._sources = {}
         self._forecast = None
         batch_tried = self.uses_draft_model and self.mode == "auto" and len(decoding) > 1  # see .draft_trials
-        self._batch_trial = batch_tried and self.trials.drafts(len(decoding), self._model_behind(decoding))
+        self._batch_trial = batch_tried and self.trials.drafts(len(decoding), self._model_behind(decoding),
+                                                               self.costs.measured(len(decoding)))
         # a trial's steps are judged where every reply has room for a whole draft (not the last tokens of a reply)
         self._judged = all(room.get(seq.request_id, 0) >= FORCED_DRAFT for seq in decoding)
         for seq in decoding:
@@ -261,7 +266,8 @@ class Speculator:
     @staticmethod
     def _model_behind(decoding: list[Sequence]) -> int:
         """The most reply tokens the draft model has missed of any of ``decoding`` (a prompt it catches up on
-        is not counted: its cost goes with the prompt's)."""
+        is not counted: its cost goes with the prompt's). A preempted reply, whose draft KV is computed again from
+        its start, counts all its tokens: it holds the batch's trials back until it ends."""
         return max(seq.num_tokens - max(seq.draft_computed, seq.num_prompt_tokens) for seq in decoding)
 
     @property
@@ -363,7 +369,9 @@ class Speculator:
             self._acceptance(source, chunk.seq.request_id).record(len(chunk.draft), chunk.accepted)
             self.engine_acceptance[source].record(len(chunk.draft), chunk.accepted)
         seconds += draft_seconds
-        if self._batch_trial and self._judged and decode_only and self.costs.known:  # catching up included
+        # a trial bears its own catching up; later, a reply that joins (its prompt to catch up on) is not judged
+        if (self._batch_trial and self._judged and decode_only and self.costs.known
+                and (self.trials.starting or not caught_up)):
             self.trials.record(emitted, seconds, self.costs.predict(len(chunks)) / len(chunks))
         if caught_up or not decode_only or (draft_seconds and not drafted_rows) or seconds <= 0:
             return  # prompt work in the step, or the draft model catching up: not a decode step's cost

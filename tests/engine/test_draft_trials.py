@@ -46,7 +46,6 @@ def test_a_batch_as_large_as_one_that_lost_waits_long_and_a_smaller_one_does_not
     trials = BatchTrials()
     _plain_steps(trials, batch=8)
     _drafted(trials, pace=0.8, steps=100, batch=8)
-    assert _plain_steps(BatchTrials(), batch=8) == FIRST_WAIT
     waited = _plain_steps(trials, batch=4)
     assert waited == FIRST_WAIT
     _drafted(trials, pace=1.5, steps=10, batch=4)  # four replies pay ...
@@ -77,3 +76,10 @@ def test_recent_steps_weigh_most():
     trials.drafts(4, 0)
     trials.record(tokens=10, seconds=10 * PLAIN / 3.0, plain_seconds_per_token=PLAIN)  # ... then fast
     assert trials.drafting and trials.pace > KEEP_MARGIN
+
+
+def test_a_batch_whose_plain_steps_are_measured_tries_at_once_unless_it_lost():
+    trials = BatchTrials()
+    assert trials.wait(4, plain_measured=True) == 0 and trials.drafts(4, 0, plain_measured=True)
+    _drafted(trials, pace=0.8, steps=100)
+    assert trials.wait(4, plain_measured=True) == LOST_WAIT and trials.wait(2, plain_measured=True) == 0

@@ -175,11 +175,12 @@ def _unfound(count: int) -> list[Sequence]:
             for i in range(count)]
 
 
-def _step(speculator: Speculator, seqs: list[Sequence], kept: int, seconds: float) -> None:
+def _step(speculator: Speculator, seqs: list[Sequence], kept: int, seconds: float, caught_up: bool = False) -> None:
     """The planned step ran: each draft had its first ``kept`` tokens kept, in ``seconds`` (draft passes too)."""
     chunks = [Chunk(s, s.num_tokens - 1, 1 + len(s.draft), tuple(s.draft), min(kept, len(s.draft))) for s in seqs]
     draft_seconds = 0.001 if any(s.draft for s in seqs) else 0.0  # the draft model's passes, part of the time
-    speculator.record(chunks, seconds - draft_seconds, decode_only=True, draft_seconds=draft_seconds)
+    speculator.record(chunks, seconds - draft_seconds, decode_only=True, draft_seconds=draft_seconds,
+                      caught_up=caught_up)
 
 
 def test_a_lone_reply_weighs_the_draft_model_step_by_step():
@@ -214,11 +215,24 @@ def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
         _step(speculator, seqs, 0, plain_step)
     assert "next trial with replies it has not fallen behind" in speculator.stats().reason
     seqs = seqs[:3]
-    for _ in range(3 * TRIAL_STEPS):  # four kept of five: 20 tokens in two plain steps' time, 2.5x the pace
+    for _ in range(3 * TRIAL_STEPS):  # four kept of five: 15 tokens in two plain steps' time, 2.5x the pace
         speculator.plan(seqs, room)
         assert all(s.draft == [TO_DRAFT] * FORCED_DRAFT for s in seqs)
         _step(speculator, seqs, 4, 2 * plain_step)
     assert speculator.trials.pace == pytest.approx(2.5) and "2.50x" in speculator.stats().reason
+    speculator.plan(seqs, room)  # a reply joins: the draft model catches up on its prompt in a slow step ...
+    _step(speculator, seqs, 4, 20 * plain_step, caught_up=True)
+    speculator.plan(seqs, room)
+    assert speculator.trials.pace == pytest.approx(2.5) and all(s.draft for s in seqs)  # ... not judged
+    speculator.set_mode("off")  # plain steps while the mode is off are not the trial's
+    for _ in range(8 * TRIAL_STEPS):
+        speculator.plan(seqs, room)
+        _step(speculator, seqs, 0, plain_step)
+    speculator.set_mode("auto")  # a new mode: a new trial, at once (plain steps of three replies are measured)
+    for seq in seqs:
+        seq.draft_computed = seq.num_tokens - 1
+    speculator.plan(seqs, room)
+    assert all(s.draft for s in seqs) and speculator.trials.starting
     stopped_after = 0
     while all(s.draft for s in seqs):  # then nothing is kept: 4 tokens in two plain steps' time
         _step(speculator, seqs, 0, 2 * plain_step)
@@ -226,6 +240,24 @@ def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
         speculator.plan(seqs, room)
     assert 1 <= stopped_after <= 6 and speculator.trials.pace < KEEP_MARGIN
     assert "not drafting" in speculator.stats().reason
+
+
+def test_a_batch_that_shrinks_to_one_reply_ends_its_trial():
+    """... and a new batch, where plain steps of as many replies have not been measured, waits the first steps."""
+    speculator = Speculator("auto", draft_model="m")
+    for rows in (1, 2, 5, 6, 7, 8):
+        for _ in range(3):
+            speculator.costs.observe(rows, 0.040)
+    seqs = _unfound(3)
+    for seq in seqs:
+        seq.draft_computed = seq.num_tokens - 1
+    room = {s.request_id: 100 for s in seqs}
+    for _ in range(FIRST_WAIT + 1):
+        speculator.plan(seqs, room)
+    assert speculator.trials.drafting
+    speculator.plan(seqs[:1], room)  # one reply left: it is weighed step by step
+    speculator.plan(seqs, room)  # a new batch waits the first steps
+    assert not speculator.trials.drafting and all(s.draft == [] for s in seqs)
 
 
 def _bursty_batch(speculator: Speculator, steps: int = 40) -> int:
