@@ -17,9 +17,10 @@ Trying is not free: the draft model catches up on every reply's tokens it missed
 the plain steps it sat out at thirty-two chats of the float32 default model (a pass of the int4 copy over one
 position takes a third of what a plain step spends on one reply), and a losing trial's steps are slower than
 plain ones. So a trial starts only where the draft model is close behind every reply (:data:`CLOSE_BEHIND`
-tokens of its reply: a batch that has just started, or has just stopped drafting), and a batch whose drafting
-stopped, or whose trial lost, is not tried again at that many replies or more for :data:`LOST_WAIT` plain steps;
-fewer replies may try after the first wait.
+tokens of its reply: a batch that has just started, or has just stopped drafting), and a batch whose trial never
+paid is not tried again at that many replies or more for :data:`LOST_WAIT` plain steps; fewer replies may try
+after the first wait. Drafting that paid and then stopped tries again after the first wait (a few slow steps on
+a busy machine look like drafts that stopped paying); if that trial loses, the long wait follows.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class BatchTrials:
         self.drafting = False
         self._plain_steps = 0
         self._batch = 0  # replies in the latest step
-        self._lost_at: int | None = None  # the fewest replies whose drafting stopped or whose trial lost lately
+        self._lost_at: int | None = None  # the fewest replies whose trial lost lately
+        self._paid = False  # the present drafting run was judged faster at least once
+        self._stopped = False  # a run that paid stopped: the next trial waits the first steps
         self._plain_seconds = self._seconds = 0.0  # (decayed) what plain steps would have taken, what it took
         self._judged_steps = 0
         self.pace: float | None = None  # the drafted steps' pace over plain steps', as last judged
@@ -47,7 +50,7 @@ class BatchTrials:
     def reset(self) -> None:
         """The batch ended (one reply left, or none) or the mode changed: the next batch waits the first plain
         steps, and is judged afresh."""
-        self.drafting, self._plain_steps = False, 0
+        self.drafting, self._plain_steps, self._stopped = False, 0, False
 
     @property
     def starting(self) -> bool:
@@ -59,7 +62,7 @@ class BatchTrials:
         are measured already (a new batch of the same size drafts from its first step), unless it lost there."""
         if self._lost_at is not None and batch >= self._lost_at:
             return LOST_WAIT
-        return 0 if plain_measured else FIRST_WAIT
+        return 0 if plain_measured and not self._stopped else FIRST_WAIT
 
     def drafts(self, batch: int, behind: int, plain_measured: bool = False) -> bool:
         """Whether the next step of ``batch`` replies drafts with the draft model, which has missed at most
@@ -68,7 +71,7 @@ class BatchTrials:
         if not self.drafting:
             self._plain_steps += 1
             if self._plain_steps > self.wait(batch, plain_measured) and behind <= CLOSE_BEHIND:
-                self.drafting = True
+                self.drafting, self._paid, self._stopped = True, False, False
                 self._plain_seconds = self._seconds = 0.0
                 self._judged_steps = 0
         self._batch = batch
@@ -84,11 +87,15 @@ class BatchTrials:
             return
         self.pace = self._plain_seconds / self._seconds
         if self.pace >= KEEP_MARGIN:
+            self._paid = True
             if self._lost_at is not None and self._batch >= self._lost_at:
                 self._lost_at = None  # it pays again where it lost
             return
         self.drafting, self._plain_steps = False, 0
-        self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
+        if self._paid:
+            self._stopped = True
+        else:
+            self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
 
     def describe(self, batch: int) -> str:
         pace = "" if self.pace is None else f"{self.pace:.2f}x a plain step's pace lately"

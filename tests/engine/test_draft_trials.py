@@ -46,11 +46,19 @@ def test_a_batch_as_large_as_one_that_lost_waits_long_and_a_smaller_one_does_not
     trials = BatchTrials()
     _plain_steps(trials, batch=8)
     _drafted(trials, pace=0.8, steps=100, batch=8)
-    waited = _plain_steps(trials, batch=4)
-    assert waited == FIRST_WAIT
+    assert trials.wait(8) == trials.wait(16) == LOST_WAIT
+    assert _plain_steps(trials, batch=4) == FIRST_WAIT
+
+
+def test_drafting_that_paid_and_stopped_tries_again_after_the_first_wait_and_then_waits_long():
+    trials = BatchTrials()
+    _plain_steps(trials, batch=4)
     _drafted(trials, pace=1.5, steps=10, batch=4)  # four replies pay ...
-    _drafted(trials, pace=0.8, steps=100, batch=4)  # ... until they do not: four or more now wait long too
-    assert _plain_steps(trials, batch=16) == LOST_WAIT
+    _drafted(trials, pace=0.8, steps=100, batch=4)  # ... until they do not (or the machine was busy a moment)
+    assert trials.wait(4, plain_measured=True) == FIRST_WAIT  # measured or not: no retry at once
+    assert _plain_steps(trials, batch=4) == FIRST_WAIT
+    _drafted(trials, pace=0.8, steps=100, batch=4)  # the retry loses too
+    assert trials.wait(4) == trials.wait(16) == LOST_WAIT
 
 
 def test_a_win_where_it_lost_lifts_the_long_wait():
