@@ -27,7 +27,7 @@ from __future__ import annotations
 
 TRIAL_STEPS = 4  # drafted steps a trial runs before it is judged
 FIRST_WAIT = 8  # plain steps before a batch tries the draft model
-LOST_WAIT = 512  # ... where a batch of as many replies or fewer stopped drafting or lost its trial
+LOST_WAIT = 512  # ... where a batch of as many replies or fewer had a trial that never paid
 CLOSE_BEHIND = FIRST_WAIT + 2  # reply tokens the draft model may have missed for a batch to try it
 KEEP_MARGIN = 1.1  # drafted steps must come this much faster than plain ones: step times are noisy
 PACE_DECAY = 0.8  # recent steps weigh most (a quoted passage ends; the machine's load changes)
@@ -39,7 +39,8 @@ class BatchTrials:
     def __init__(self) -> None:
         self.drafting = False
         self._plain_steps = 0
-        self._batch = 0  # replies in the latest step
+        self._batch, self._plain_measured = 0, False  # the latest step's replies, and whether their plain
+        # steps were measured (what describe() speaks of)
         self._lost_at: int | None = None  # the fewest replies whose trial lost lately
         self._paid = False  # the present drafting run was judged faster at least once
         self._stopped = False  # a run that paid stopped: the next trial waits the first steps
@@ -74,7 +75,7 @@ class BatchTrials:
                 self.drafting, self._paid, self._stopped = True, False, False
                 self._plain_seconds = self._seconds = 0.0
                 self._judged_steps = 0
-        self._batch = batch
+        self._batch, self._plain_measured = batch, plain_measured
         return self.drafting
 
     def record(self, tokens: int, seconds: float, plain_seconds_per_token: float) -> None:
@@ -97,12 +98,14 @@ class BatchTrials:
         else:
             self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
 
-    def describe(self, batch: int) -> str:
+    def describe(self) -> str:
+        """What the latest step did, and why, in words."""
+        batch = self._batch
         pace = "" if self.pace is None else f"{self.pace:.2f}x a plain step's pace lately"
         if self.drafting:
             return (f"drafting with the draft model for every reply of {batch}"
                     + (f" ({pace})" if pace and self._judged_steps >= TRIAL_STEPS else ": trying it"))
-        left = max(0, self.wait(batch) - self._plain_steps + 1)
+        left = max(0, self.wait(batch, self._plain_measured) - self._plain_steps + 1)
         when = f"in {left} steps" if left else "with replies it has not fallen behind"
         return (f"not drafting for {batch} replies" + (f" (the draft model's steps came {pace})" if pace else "")
                 + f"; its next trial {when}")

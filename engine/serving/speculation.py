@@ -238,12 +238,12 @@ class Speculator:
                 proposals[seq.request_id] = (seq, draft)
                 self._sources[seq.request_id] = "model" if draft[0] == TO_DRAFT else "lookup"
         if self._batch_trial:
-            self._reason = f"auto: {self.trials.describe(len(decoding))}"
+            self._reason = f"auto: {self.trials.describe()}"
             lengths = {rid: len(draft) for rid, (_, draft) in proposals.items()}
         elif self.mode == "auto":
             lengths = self._auto_lengths(proposals, len(decoding))
             if batch_tried:
-                self._reason += f"; the draft model: {self.trials.describe(len(decoding))}"
+                self._reason += f"; the draft model: {self.trials.describe()}"
         else:
             lengths = {rid: len(draft) for rid, (_, draft) in proposals.items()}
         for rid, (seq, draft) in proposals.items():
