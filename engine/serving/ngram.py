@@ -29,11 +29,14 @@ class NgramIndex:
     def extend(self, tokens: list[int]) -> None:
         """Catch up with ``tokens``: the list indexed before (often the very same object) grown at its end."""
         self.tokens = tokens
-        for end in range(max(self._indexed, MIN_NGRAM), len(tokens)):  # n-grams with a token after them
-            for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
-                key = tuple(tokens[end - n : end])
-                seen = self._next.get(key)
-                self._next[key] = (end, seen[0] if seen else None)
+        table = self._next
+        for n in range(MIN_NGRAM, MAX_NGRAM + 1):
+            first = max(self._indexed, n)  # the end of the first n-gram not indexed yet
+            # the n-grams ending at first, first + 1, ... before the last token (each has a token after it)
+            keys = zip(*(tokens[first - n + i : len(tokens) - n + i] for i in range(n)))
+            for end, key in enumerate(keys, start=first):
+                seen = table.get(key)
+                table[key] = (end, seen[0] if seen else None)
         self._indexed = max(self._indexed, len(tokens))
 
     def continuation(self, suffix: tuple[int, ...], length: int) -> list[int]:

@@ -287,22 +287,43 @@ class Speculator:
 
     def _auto_lengths(self, proposals: dict[str, tuple[Sequence, list[int]]], batch: int) -> dict[str, int]:
         """Draft lengths for the step (see the module's text): the ``e`` draft tokens most likely to be kept,
-        for the ``e`` whose step promises most tokens per second while every reply in it (those without a
-        draft too, whose steps the drafts slow) is expected to come :data:`MARGIN` faster than in a plain step."""
+        for the ``e`` whose step promises most tokens per second while every reply in it is expected to come
+        :data:`MARGIN` faster than in a plain step (so none where a reply has no draft on offer: the others'
+        drafts could only slow it); now and then a one-token probe."""
         if not self.costs.known:
             self._reason = "auto: measuring what a step costs"
             return {}
+        margin = MARGIN if batch == 1 else BATCH_MARGIN
         rates = {rid: self._rate(self._sources[rid], rid) for rid in proposals}
-        prior = self.engine_acceptance["model" if "model" in self._sources.values() else "lookup"].rate()
         # the chance each draft token is kept; a draft's later tokens never rank before its earlier ones
         chances = sorted(((rates[rid] ** (j + 1), rid) for rid, (_, draft) in proposals.items()
                           for j in range(len(draft))), reverse=True)
+        best, best_gain = self._best_length(proposals, chances, batch, margin) if len(proposals) == batch else (0, 0)
+        lengths = dict.fromkeys(proposals, 0)
+        for _, rid in chances[:best]:
+            lengths[rid] += 1
+        if not best and self._plain_steps >= PROBE_EVERY * batch:  # all try one token in one step, so
+            lengths = dict.fromkeys(proposals, 1)                   # acceptance stays measured
+            self._plain_steps = 0
+        else:
+            self._plain_steps = 0 if best else self._plain_steps + 1
+        drafting = sum(1 for n in lengths.values() if n)
+        prior = self.engine_acceptance["model" if "model" in self._sources.values() else "lookup"].rate()
+        error = self.calibration.factor(batch)
+        lately = f"kept lately: {prior:.0%}" + (f", drafts' steps {error:.2f}x their forecast" if error != 1 else "")
+        self._reason = (f"auto: drafting for {drafting} of {batch} replies, {best} tokens (every reply expected "
+                        f"{best_gain:.2f}x as fast; {lately})" if best else
+                        f"auto: not drafting (no draft makes every reply {margin:.2f}x as fast; {lately})")
+        return lengths
+
+    def _best_length(self, proposals: dict[str, tuple[Sequence, list[int]]], chances: list[tuple[float, str]],
+                     batch: int, margin: float) -> tuple[int, float]:
+        """How many of ``chances`` (every reply's draft tokens, likeliest kept first) the step should take, and the
+        gain its slowest reply is expected to see against a plain step: (0, 0) where no count gives ``margin``."""
         plain_step = self.costs.predict(batch)
-        margin = MARGIN if batch == 1 else BATCH_MARGIN
         best, best_gain = 0, margin
         chose_unmeasured = False  # one row count not measured yet at a time: the smallest that promises most
-        expected = dict.fromkeys(proposals, 1.0)  # tokens each drafting reply expects from the step
-        slowest = 1.0 if len(proposals) < batch else None  # a reply without a draft gets one token
+        expected = dict.fromkeys(proposals, 1.0)  # tokens each reply expects from the step
         tables = {False: self._draft_costs(False, batch), True: self._draft_costs(True, batch)}
         with_model = False  # the step's drafts so far need the draft model's passes
         error = self.calibration.factor(batch)  # how such forecasts came out lately
@@ -315,26 +336,12 @@ class Speculator:
             unmeasured = not costs.measured(batch + extra)  # a line or a guess predicts it
             if unmeasured and chose_unmeasured:
                 continue
-            least = min(min(expected.values()), slowest or float("inf"))
             seconds = costs.predict(batch + extra)
-            gain = error * least * plain_step / seconds  # the slowest reply against a plain step
+            gain = error * min(expected.values()) * plain_step / seconds  # the slowest reply against a plain step
             if gain > best_gain:
                 best, best_gain, chose_unmeasured = extra, gain, unmeasured
                 self._forecast = (batch, tokens / seconds)
-        lengths = dict.fromkeys(proposals, 0)
-        for _, rid in chances[:best]:
-            lengths[rid] += 1
-        if not best and self._plain_steps >= PROBE_EVERY * batch:  # all try one token in one step, so
-            lengths = dict.fromkeys(proposals, 1)                   # acceptance stays measured
-            self._plain_steps = 0
-        else:
-            self._plain_steps = 0 if best else self._plain_steps + 1
-        drafting = sum(1 for n in lengths.values() if n)
-        lately = f"kept lately: {prior:.0%}" + (f", drafts' steps {error:.2f}x their forecast" if error != 1 else "")
-        self._reason = (f"auto: drafting for {drafting} of {batch} replies, {best} tokens (every reply expected "
-                        f"{best_gain:.2f}x as fast; {lately})" if best else
-                        f"auto: not drafting (no draft makes every reply {margin:.2f}x as fast; {lately})")
-        return lengths
+        return (best, best_gain) if best else (0, 0.0)
 
     def _draft_costs(self, with_model: bool, batch: int) -> StepCosts:
         """What steps of ``batch`` replies with drafts cost, as measured; until then the plain steps' line."""

@@ -32,7 +32,7 @@ REPLY_TOKENS = 192
 ROUNDS = 5
 DRAFT_ROUNDS = 3  # the unquantised model is slow on a CPU: fewer rounds of the draft-model pair
 LLAMA_DRAFT_MAX = 16  # llama-server's longest draft for the pair (its default, 3, is for larger targets)
-WARM_TOKENS = 4  # tokens of each reply before the timed rounds: the draft model catches up a long prompt in two
+WARM_TOKENS = 4  # tokens of each reply before the timed rounds (more where a draft model has prompts to catch up on)
 RENAMES = (("_forget", "_drop_entry"), ("_remember", "_note_entry"), ("_parse_name", "_split_name"),
            ("_used_at", "_last_use_of"))
 STORIES = ("a lighthouse keeper who finds a map", "two friends crossing a desert", "a city where it never rains",
@@ -103,7 +103,7 @@ def _measure(modes: dict, rounds: int, reply_tokens: int, progress, compared=MOD
             for engine in {id(e): e for e, _ in modes.values()}.values():
                 # the prompts, into the cache: a draft model's too (it computes them in its first passes)
                 engine.set_speculation("draft" if engine.draft is not None else "off")
-                engine.generate(prompts, SamplingParams(max_tokens=WARM_TOKENS, temperature=0.0))
+                engine.generate(prompts, SamplingParams(max_tokens=warm_tokens(engine, prompts), temperature=0.0))
             runs: dict[str, list[dict]] = {label: [] for label in modes}
             for turn in range(rounds):
                 # every other round in the reverse order: no mode always follows the same one (a machine's pace
@@ -126,6 +126,20 @@ def _measure(modes: dict, rounds: int, reply_tokens: int, progress, compared=MOD
                 progress(f"{name}, {chats} chat(s), {label}: {summary['tokens_per_s']:.1f} tok/s "
                          f"({summary['vs_off']:.2f}x off)")
     return rows
+
+
+def warm_tokens(engine, prompts: list[list[dict]]) -> int:
+    """Reply tokens before the timed rounds that let a draft model catch up on every prompt: its passes take what
+    is left of a step's token budget (a reply drafts only after it has caught up, and only while its reply has
+    room), so a long prompt, or four, takes a step for every budget's worth of tokens. (With too few, the first
+    timed run caught up 1,553 tokens of the rewrite's prompt: 3 s of a 7 s run.)"""
+    from ..serving.speculation import MAX_DRAFT
+
+    if engine.draft is None:
+        return WARM_TOKENS
+    prompt_tokens = sum(len(engine.encode_prompt(chat)) for chat in prompts)
+    per_step = engine.config.max_num_batched_tokens - len(prompts) * (1 + MAX_DRAFT)
+    return WARM_TOKENS + 2 * -(-prompt_tokens // per_step)
 
 
 def summarise_runs(runs: dict[str, list[dict]]) -> dict[str, dict]:

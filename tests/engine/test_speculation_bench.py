@@ -1,4 +1,7 @@
-"""The speculation benchmark's workloads are the ones the table names, and its table reads its rows right."""
+"""The speculation benchmark's workloads are the ones the table names, its warm-up lets a draft model catch up on
+the prompts, and its table reads its rows right."""
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,7 +13,9 @@ from engine.tools.speculation_bench import (
     markdown_table,
     rewrite_prompts,
     story_prompts,
+    WARM_TOKENS,
     summarise_runs,
+    warm_tokens,
 )
 
 
@@ -85,3 +90,15 @@ def test_a_modes_ratio_to_off_is_the_median_of_each_rounds_own_ratio():
     assert summary["auto"]["vs_off"] == pytest.approx(1 / 1.05)  # not 50 / (100 / 1.05): the medians' ratio
     assert summary["auto"]["tokens_per_s"] == pytest.approx(100 / 2.1)
     assert (summary["auto"]["drafted"], summary["auto"]["kept"]) in {(20, 10), (30, 15)}  # a median round's
+
+
+def _engine(draft: bool, budget: int = 2048):
+    return SimpleNamespace(draft=object() if draft else None, config=SimpleNamespace(max_num_batched_tokens=budget),
+                           encode_prompt=lambda chat: [0] * chat[0]["tokens"])
+
+
+def test_the_warm_up_gives_a_draft_model_a_step_per_budget_of_prompt_tokens_twice_over():
+    four_long = [[{"tokens": 3600}]] * 4  # 14,400 tokens: eight steps of what a 2,048-token step leaves
+    assert warm_tokens(_engine(draft=True), four_long) == WARM_TOKENS + 2 * 8
+    assert warm_tokens(_engine(draft=True), [[{"tokens": 100}]]) == WARM_TOKENS + 2
+    assert warm_tokens(_engine(draft=False), four_long) == WARM_TOKENS  # nothing to catch up

@@ -297,3 +297,17 @@ def test_calibration_is_the_rate_that_came_over_the_rate_forecast_within_its_ran
         calibration.record(1, forecast_rate=100.0, rate=70.0)
         calibration.record(2, forecast_rate=100.0, rate=10.0)
     assert calibration.factor(1) == pytest.approx(0.7) and calibration.factor(2) == CALIBRATION_RANGE[0]
+
+
+def test_a_reply_with_no_draft_keeps_a_batch_from_drafting_however_well_drafts_came_out():
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 40))
+    for _ in range(10):
+        speculator.engine_acceptance["lookup"].record(8, 8)
+    speculator.calibration.factor = lambda batch: CALIBRATION_RANGE[1]  # drafted steps came out above forecast
+    seqs = [_seq(str(i)) for i in range(4)]
+    lone = Sequence("lone", list(range(1000, 1050)), 10, SamplingParams(max_tokens=500), 0.0)  # nothing to look up
+    speculator.plan([*seqs, lone], {s.request_id: 100 for s in [*seqs, lone]})
+    assert all(s.draft == [] for s in seqs)  # the lone reply gets one token whatever the others draft
+    speculator.plan(seqs, {s.request_id: 100 for s in seqs})
+    assert all(len(s.draft) > 0 for s in seqs)
