@@ -17,17 +17,20 @@ Trying is not free: the draft model catches up on every reply's tokens it missed
 the plain steps it sat out at thirty-two chats of the float32 default model (a pass of the int4 copy over one
 position takes a third of what a plain step spends on one reply), and a losing trial's steps are slower than
 plain ones. So a trial starts only where the draft model is close behind every reply (:data:`CLOSE_BEHIND`
-tokens of its reply: a batch that has just started, or has just stopped drafting), and a batch whose trial never
-paid is not tried again at that many replies or more for :data:`LOST_WAIT` plain steps; fewer replies may try
-after the first wait. Drafting that paid and then stopped tries again after the first wait (a few slow steps on
-a busy machine look like drafts that stopped paying); if that trial loses, the long wait follows.
+tokens of its reply: a batch that has just started, or has just stopped drafting), and where
+:data:`LOSSES_BEFORE_WAIT` trials in a row never paid, a batch of that many replies or more is not tried again for
+:data:`LOST_WAIT` plain steps; fewer replies may try after the first wait. A first losing trial, and drafting
+that paid and then stopped, try again after the first wait: a few slow steps on a busy machine, or plain steps'
+cost measured in a faster minute, look like drafts that do not pay (one such trial in a bench run of four chats
+that gained 1.35x with forced drafts kept the batch plain for that workload and the next: 0.89x and 1.04x of off).
 """
 
 from __future__ import annotations
 
 TRIAL_STEPS = 4  # drafted steps a trial runs before it is judged
 FIRST_WAIT = 8  # plain steps before a batch tries the draft model
-LOST_WAIT = 512  # ... where a batch of as many replies or fewer had a trial that never paid
+LOST_WAIT = 512  # ... where a batch of as many replies or fewer had trials that never paid
+LOSSES_BEFORE_WAIT = 2  # trials in a row that never paid before the long wait
 CLOSE_BEHIND = FIRST_WAIT + 2  # reply tokens the draft model may have missed for a batch to try it
 KEEP_MARGIN = 1.1  # drafted steps must come this much faster than plain ones: step times are noisy
 PACE_DECAY = 0.8  # recent steps weigh most (a quoted passage ends; the machine's load changes)
@@ -43,7 +46,8 @@ class BatchTrials:
         # steps were measured (what describe() speaks of)
         self._lost_at: int | None = None  # the fewest replies whose trial lost lately
         self._paid = False  # the present drafting run was judged faster at least once
-        self._stopped = False  # a run that paid stopped: the next trial waits the first steps
+        self._stopped = False  # a run that paid stopped, or a first trial lost: the next waits the first steps
+        self._losses = 0  # trials in a row that never paid
         self._plain_seconds = self._seconds = 0.0  # (decayed) what plain steps would have taken, what it took
         self._judged_steps = 0
         self.pace: float | None = None  # the drafted steps' pace over plain steps', as last judged
@@ -88,12 +92,13 @@ class BatchTrials:
             return
         self.pace = self._plain_seconds / self._seconds
         if self.pace >= KEEP_MARGIN:
-            self._paid = True
+            self._paid, self._losses = True, 0
             if self._lost_at is not None and self._batch >= self._lost_at:
                 self._lost_at = None  # it pays again where it lost
             return
         self.drafting, self._plain_steps = False, 0
-        if self._paid:
+        self._losses += 0 if self._paid else 1
+        if self._losses < LOSSES_BEFORE_WAIT:
             self._stopped = True
         else:
             self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)

@@ -293,6 +293,10 @@ class Speculator:
         if not self.costs.known:
             self._reason = "auto: measuring what a step costs"
             return {}
+        if not proposals:  # most steps of text that does not repeat: nothing to weigh (planning is per step)
+            self._plain_steps += 1
+            self._reason = "auto: not drafting (lookup finds nothing to draft)"
+            return {}
         margin = MARGIN if batch == 1 else BATCH_MARGIN
         rates = {rid: self._rate(self._sources[rid], rid) for rid in proposals}
         # the chance each draft token is kept; a draft's later tokens never rank before its earlier ones

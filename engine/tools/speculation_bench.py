@@ -29,7 +29,11 @@ MODES = ("off", "ngram", "auto")
 DRAFT_MODES = ("off", "draft", "auto")
 CHATS = (1, 4)
 REPLY_TOKENS = 192
-ROUNDS = 5
+# rounds of lookup's modes: a round's ratio to off moves by up to a tenth either way on this machine (twenty rounds
+# of the rewrite at four chats, auto against off: 0.83x to 1.11x, median 1.00x), so five rounds' median moved by a
+# few percent between runs; eleven halve how far it can stray
+ROUNDS = 11
+PEER_ROUNDS = 5  # llama-server's: the best of them
 DRAFT_ROUNDS = 3  # the unquantised model is slow on a CPU: fewer rounds of the draft-model pair
 LLAMA_DRAFT_MAX = 16  # llama-server's longest draft for the pair (its default, 3, is for larger targets)
 WARM_TOKENS = 4  # tokens of each reply before the timed rounds (more where a draft model has prompts to catch up on)
@@ -78,7 +82,7 @@ def measure_kvasir(rounds: int = ROUNDS, reply_tokens: int = REPLY_TOKENS, progr
     return _measure({mode: (engine, mode) for mode in MODES}, rounds, reply_tokens, progress)
 
 
-def measure_draft_model(rounds: int = ROUNDS, reply_tokens: int = REPLY_TOKENS, progress=print) -> list[dict]:
+def measure_draft_model(rounds: int = DRAFT_ROUNDS, reply_tokens: int = REPLY_TOKENS, progress=print) -> list[dict]:
     """The same with a draft model: the default model unquantised, drafted for by its int4 copy ({off, draft,
     auto}), and the int4 model alone (``int4``) for what 4-bit speed is."""
     from .. import Engine, EngineConfig
@@ -161,7 +165,7 @@ def summarise_runs(runs: dict[str, list[dict]]) -> dict[str, dict]:
     return summary
 
 
-def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = ROUNDS, progress=print,
+def measure_llama(reply_tokens: int = REPLY_TOKENS, rounds: int = PEER_ROUNDS, progress=print,
                   draft_rounds: int | None = DRAFT_ROUNDS) -> list[dict] | None:
     """llama-server on the same GGUF file and one-chat prompts, with and without ``--spec-type ngram-simple``; and
     (unless ``draft_rounds`` is None) the draft-model pair as llama.cpp runs it: the file's weights as float32
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kvasir = measure_kvasir(args.rounds, args.tokens)
     drafted = [] if args.no_draft_model else measure_draft_model(min(args.rounds, DRAFT_ROUNDS), args.tokens)
-    llama = None if args.no_llama else measure_llama(args.tokens, args.rounds,
+    llama = None if args.no_llama else measure_llama(args.tokens, min(args.rounds, PEER_ROUNDS),
                                                      draft_rounds=None if args.no_draft_model else DRAFT_ROUNDS)
     table = markdown_table(kvasir, llama)
     print(table)

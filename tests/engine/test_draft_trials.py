@@ -1,10 +1,18 @@
 """A batch's trials of the draft model: a few plain steps, then drafted steps judged by their pace against plain
-steps', kept while they pay; a batch as large as one that lost waits long before it tries again, and no batch
-tries while the draft model is far behind its replies."""
+steps', kept while they pay; a first loss tries again soon, a batch as large as one that lost twice in a row
+waits long before it tries again, and no batch tries while the draft model is far behind its replies."""
 
 import pytest
 
-from engine.serving.draft_trials import CLOSE_BEHIND, FIRST_WAIT, KEEP_MARGIN, LOST_WAIT, TRIAL_STEPS, BatchTrials
+from engine.serving.draft_trials import (
+    CLOSE_BEHIND,
+    FIRST_WAIT,
+    KEEP_MARGIN,
+    LOSSES_BEFORE_WAIT,
+    LOST_WAIT,
+    TRIAL_STEPS,
+    BatchTrials,
+)
 
 PLAIN = 0.01  # seconds a plain step of the batch takes per token
 
@@ -27,6 +35,13 @@ def _drafted(trials: BatchTrials, pace: float, steps: int, batch: int = 4) -> in
     return steps
 
 
+def _lose(trials: BatchTrials, batch: int, times: int = LOSSES_BEFORE_WAIT) -> None:
+    """``times`` trials of ``batch`` replies in a row that never pay."""
+    for _ in range(times):
+        _plain_steps(trials, batch=batch)
+        _drafted(trials, pace=0.8, steps=100, batch=batch)
+
+
 def test_a_trial_starts_after_the_first_wait_and_is_judged_after_its_steps():
     trials = BatchTrials()
     assert _plain_steps(trials) == FIRST_WAIT
@@ -42,10 +57,20 @@ def test_drafting_that_pays_goes_on_and_stops_within_a_few_steps_once_it_does_no
     assert 1 <= ran <= 4 and not trials.drafting
 
 
-def test_a_batch_as_large_as_one_that_lost_waits_long_and_a_smaller_one_does_not():
+def test_a_first_loss_tries_again_after_the_first_wait_even_where_plain_steps_are_measured():
     trials = BatchTrials()
-    _plain_steps(trials, batch=8)
-    _drafted(trials, pace=0.8, steps=100, batch=8)
+    _lose(trials, batch=4, times=1)
+    assert trials.wait(4, plain_measured=True) == trials.wait(16) == FIRST_WAIT
+    assert _plain_steps(trials, batch=4) == FIRST_WAIT
+    _drafted(trials, pace=1.5, steps=10)  # the machine was busy a moment: the retry pays
+    _drafted(trials, pace=0.8, steps=100)  # a later stop, then a lost retry, are a first loss again
+    _lose(trials, batch=4, times=1)
+    assert trials.wait(4) == FIRST_WAIT
+
+
+def test_a_batch_as_large_as_one_that_lost_twice_in_a_row_waits_long_and_a_smaller_one_does_not():
+    trials = BatchTrials()
+    _lose(trials, batch=8)
     assert trials.wait(8) == trials.wait(16) == LOST_WAIT
     assert _plain_steps(trials, batch=4) == FIRST_WAIT
 
@@ -57,14 +82,15 @@ def test_drafting_that_paid_and_stopped_tries_again_after_the_first_wait_and_the
     _drafted(trials, pace=0.8, steps=100, batch=4)  # ... until they do not (or the machine was busy a moment)
     assert trials.wait(4, plain_measured=True) == FIRST_WAIT  # measured or not: no retry at once
     assert _plain_steps(trials, batch=4) == FIRST_WAIT
-    _drafted(trials, pace=0.8, steps=100, batch=4)  # the retry loses too
+    _drafted(trials, pace=0.8, steps=100, batch=4)  # the retry loses: a first loss
+    assert trials.wait(4) == FIRST_WAIT
+    _lose(trials, batch=4, times=1)  # and a second
     assert trials.wait(4) == trials.wait(16) == LOST_WAIT
 
 
 def test_a_win_where_it_lost_lifts_the_long_wait():
     trials = BatchTrials()
-    _plain_steps(trials, batch=8)
-    _drafted(trials, pace=0.8, steps=100, batch=8)
+    _lose(trials, batch=8)
     assert trials.wait(8) == trials.wait(16) == LOST_WAIT and trials.wait(7) == FIRST_WAIT
     assert _plain_steps(trials, batch=8) == LOST_WAIT
     _drafted(trials, pace=1.5, steps=TRIAL_STEPS, batch=8)
@@ -90,4 +116,5 @@ def test_a_batch_whose_plain_steps_are_measured_tries_at_once_unless_it_lost():
     trials = BatchTrials()
     assert trials.wait(4, plain_measured=True) == 0 and trials.drafts(4, 0, plain_measured=True)
     _drafted(trials, pace=0.8, steps=100)
+    _lose(trials, batch=4, times=LOSSES_BEFORE_WAIT - 1)
     assert trials.wait(4, plain_measured=True) == LOST_WAIT and trials.wait(2, plain_measured=True) == 0
