@@ -105,7 +105,8 @@ def _as_bytes(values: torch.Tensor) -> torch.Tensor:
 def test_float_linear_equals_its_formula(in_features, out_features):
     """Float32 rows times a float32 weight (and bias) within float32's rounding of a float64 sum, for inputs
     that are and are not a multiple of the eight lanes, output counts that do and do not fill the groups of four
-    weight rows, and every row count up to past the tiles of three."""
+    weight rows, and every row count up to past the tiles (three rows, six in the AVX-512 build) and their
+    remainders."""
     assert kernels.available(), kernels.status().detail
     g = torch.Generator().manual_seed(in_features)
     weight = torch.randn(out_features, in_features, generator=g)

@@ -4,8 +4,10 @@
 // rows cost three plain steps. Here each group of weight rows is read from memory once and meets every row of
 // activations while it is in the L1 cache, so a step of a few rows costs little more than one.
 //
-// Every output is one 8-lane sum over the inputs in order, then the lanes added in a fixed order: a row's result
-// does not depend on how many rows came with it, so a reply's check computes exactly what its plain step would.
+// Every output is one sum per vector lane over the inputs in order (8 lanes, 16 in the AVX-512 build), then the
+// lanes added in a fixed order: a row's result does not depend on how many rows came with it, so a reply's check
+// computes exactly what its plain step would. (The builds round differently from one another, as any two
+// summation orders do; one process loads one build.)
 //
 // Registered as torch.ops.kvasir_kernels.float_linear; see kernels/__init__.py and step/float_linear.py.
 
@@ -16,17 +18,37 @@
 #include <algorithm>
 #include <cstdint>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define KVASIR_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define KVASIR_AVX2 1
 #endif
 
 namespace {
 
-constexpr int64_t kLanes = 8;
 constexpr int64_t kRowGroup = 4;  // weight rows read together: four streams from memory at once
 
-#ifdef KVASIR_AVX2
+#if defined(KVASIR_AVX512)
+// 32 vector registers: 4 weight rows x 6 activation rows of sums, the four rows' weights and an input
+constexpr int64_t kLanes = 16;
+constexpr int kTileRows = 6;
+using Lanes = __m512;
+inline Lanes zero() { return _mm512_setzero_ps(); }
+inline Lanes load(const float* p) { return _mm512_loadu_ps(p); }
+inline Lanes multiply_add(Lanes a, Lanes b, Lanes c) { return _mm512_fmadd_ps(a, b, c); }
+inline float lane_sum(Lanes v) {  // halves, then as AVX2 does: halves, pairs, the last two
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 low = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+  low = _mm_add_ps(low, _mm_movehl_ps(low, low));
+  return _mm_cvtss_f32(_mm_add_ss(low, _mm_movehdup_ps(low)));
+}
+#elif defined(KVASIR_AVX2)
+// 16 vector registers: 4 x 3 sums, and the weights as memory operands where registers run out
+constexpr int64_t kLanes = 8;
+constexpr int kTileRows = 3;
 using Lanes = __m256;
 inline Lanes zero() { return _mm256_setzero_ps(); }
 inline Lanes load(const float* p) { return _mm256_loadu_ps(p); }
@@ -37,6 +59,8 @@ inline float lane_sum(Lanes v) {
   return _mm_cvtss_f32(_mm_add_ss(low, _mm_movehdup_ps(low)));
 }
 #else
+constexpr int64_t kLanes = 8;
+constexpr int kTileRows = 3;
 struct Lanes {
   float v[kLanes];
 };
@@ -81,14 +105,28 @@ void tile(const float* x, int64_t in_features, const float* const* w, float* out
   }
 }
 
-// Every activation row against R weight rows: three rows at a time (twelve sums in registers), then the rest
+// The last `rows` (fewer than M) activation rows against R weight rows: one tile of exactly that many
+template <int R, int M>
+void rest_against(const float* x, int64_t rows, int64_t in_features, const float* const* w, float* out,
+                  int64_t out_stride) {
+  if constexpr (M > 1) {
+    if (rows == M - 1) {
+      tile<R, M - 1>(x, in_features, w, out, out_stride);
+    } else {
+      rest_against<R, M - 1>(x, rows, in_features, w, out, out_stride);
+    }
+  }
+}
+
+// Every activation row against R weight rows: kTileRows rows at a time, then one tile of the rest
 template <int R>
 void rows_against(const float* x, int64_t rows, int64_t in_features, const float* const* w, float* out,
                   int64_t out_stride) {
   int64_t m = 0;
-  for (; m + 3 <= rows; m += 3) tile<R, 3>(x + m * in_features, in_features, w, out + m * out_stride, out_stride);
-  if (rows - m == 2) tile<R, 2>(x + m * in_features, in_features, w, out + m * out_stride, out_stride);
-  if (rows - m == 1) tile<R, 1>(x + m * in_features, in_features, w, out + m * out_stride, out_stride);
+  for (; m + kTileRows <= rows; m += kTileRows) {
+    tile<R, kTileRows>(x + m * in_features, in_features, w, out + m * out_stride, out_stride);
+  }
+  rest_against<R, kTileRows>(x + m * in_features, rows - m, in_features, w, out + m * out_stride, out_stride);
 }
 
 }  // namespace
