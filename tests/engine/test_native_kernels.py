@@ -335,6 +335,46 @@ def test_a_drafted_runs_rows_are_attended_exactly_as_each_row_alone(name, dim):
     torch.testing.assert_close(together[5], want.reshape(-1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("name", "dim"), [("float32", 64), ("float16", 96), ("bfloat16", 64), ("float16", 48)])
+def test_a_lone_long_row_shared_among_threads_is_attended_as_in_a_batch(name, dim):
+    """A single sequence's row over a long context (past the 1,024 positions from which the kernel shares one row
+    out among the threads by positions and features instead of by kv heads) gets the same bits as beside another
+    sequence, which is shared out by sequence; and SDPA's result within float32 rounding. Three query heads per kv
+    head (two attended together, one alone), and a head size of 48 that the shared path does not take."""
+    assert kernels.available(), kernels.status().detail
+    torch.manual_seed(12)
+    blocks, block_size, kv_heads, heads = 100, 16, 3, 9
+    cache = KVCache(KVShape(1, kv_heads, dim, torch.float32, FORMATS[name]), blocks, block_size, CPU)
+    cache.write(0, torch.arange(blocks * block_size), torch.randn(blocks * block_size, kv_heads, dim),
+                torch.randn(blocks * block_size, kv_heads, dim))
+    order = torch.randperm(blocks)
+    tables = torch.stack([order[:96], order[4:100]])
+    none = torch.empty(0, dtype=torch.float16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # one thread takes the path a lone row takes in a batch
+    try:
+        _compare_alone_and_beside(cache, tables, none, heads, kv_heads, dim, blocks)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare_alone_and_beside(cache, tables, none, heads, kv_heads, dim, blocks):
+    for length in (1029, 1531):
+        lengths = torch.tensor([length, 1200])
+        query = torch.randn(2, heads * dim)
+        alone = ops.paged_decode_attention(query[:1], cache.keys[0], cache.values[0], none, none, tables[:1],
+                                           lengths[:1], heads, 0.125)
+        beside = ops.paged_decode_attention(query, cache.keys[0], cache.values[0], none, none, tables, lengths, heads,
+                                            0.125)
+        assert torch.equal(alone[0], beside[0]), f"{length} positions"
+        keys, values = cache.read(0, slice(0, blocks))
+        k = keys[tables[0]].reshape(-1, kv_heads, dim)[:length].float().repeat_interleave(heads // kv_heads, 1)
+        v = values[tables[0]].reshape(-1, kv_heads, dim)[:length].float().repeat_interleave(heads // kv_heads, 1)
+        want = F.scaled_dot_product_attention(query[0].view(heads, 1, dim), k.transpose(0, 1), v.transpose(0, 1),
+                                              scale=0.125)
+        torch.testing.assert_close(alone[0], want.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 @torch.inference_mode()
 def test_native_step_matches_the_lean_step_on_the_same_blocks(tiny_model_dirs, arch):

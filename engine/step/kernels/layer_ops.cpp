@@ -136,6 +136,33 @@ inline void accumulate_values(const float* p, const T* const* values, int64_t fr
   }
   for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out + 8 * u, acc[u]);
 }
+
+// accumulate_values for two head rows reading the same values (one kv head's) over positions [from, to): each
+// position's loads serve both, and their 2 * Vectors sums keep the multiply-add units busy. Each row's sums are
+// the ones accumulate_values gives it.
+template <int Vectors, typename T>
+inline void accumulate_values_2(const float* p1, const float* p2, const T* const* values, int64_t from, int64_t to,
+                                int64_t offset, float* out1, float* out2) {
+  __m256 acc1[Vectors], acc2[Vectors];
+  for (int u = 0; u < Vectors; ++u) {
+    acc1[u] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out1 + 8 * u);
+    acc2[u] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out2 + 8 * u);
+  }
+  for (int64_t pos = from; pos < to; ++pos) {
+    const __m256 weight1 = _mm256_set1_ps(p1[pos]), weight2 = _mm256_set1_ps(p2[pos]);
+    const T* v = values[pos] + offset;
+    if (pos + 8 < to) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(T));
+    for (int u = 0; u < Vectors; ++u) {
+      const __m256 x = load8(v + 8 * u);
+      acc1[u] = _mm256_fmadd_ps(weight1, x, acc1[u]);
+      acc2[u] = _mm256_fmadd_ps(weight2, x, acc2[u]);
+    }
+  }
+  for (int u = 0; u < Vectors; ++u) {
+    _mm256_storeu_ps(out1 + 8 * u, acc1[u]);
+    _mm256_storeu_ps(out2 + 8 * u, acc2[u]);
+  }
+}
 #endif
 
 // Softmax(q . k * scale) v for one sequence's query heads of kv heads [first, last): each cached position's
@@ -331,6 +358,97 @@ void attend_sequence(const PagedKV<T>& kv, const int64_t* table, const QueryRun&
   }
 }
 
+#ifdef KVASIR_AVX2
+constexpr int64_t kScoreShare = 256;  // positions per thread's share of the scores (a multiple of eight)
+constexpr int64_t kFeatureShare = 32;  // features of one kv head per thread's share of the values
+// the context from which a lone row is shared out so (below it the three parallel sections cost more than the
+// imbalance: 300 positions of the default model took 15 us a layer against 12; 3,700 took 94 against 111)
+constexpr int64_t kShareFrom = 1024;
+
+// attend_sequence for a lone query row over every kv head (a single chat's decode step, a draft model's pass),
+// shared among the threads by positions (the scores), query heads (the softmax) and 32-feature slices of each kv
+// head (the values) instead of by kv heads: three kv heads on two threads kept one thread idle a third of the
+// time. Every value is computed as attend_sequence computes it and summed in the same order (whole eights of
+// positions through dot8, the same exponentials, each feature's sum over positions in order), so the row's result
+// is the same bits. (A drafted run's rows share their scores' buffer across threads this way, which cost more
+// than the balance gave: 0.97x on a single chat's checks at 3,600 tokens. It keeps attend_sequence.) Needs a head
+// size that is a multiple of 32.
+template <typename T>
+void attend_run_shared(const PagedKV<T>& kv, const int64_t* table, const QueryRun& run, int64_t group, float scale) {
+  const int64_t dim = kv.dim, rows = kv.kv_heads * group, heads = run.count * rows;
+  const int64_t longest = run.length_of(run.count - 1), shared = run.length / 8 * 8;
+  // the calling thread's buffers, reached from the others through these pointers (a lambda that named a
+  // thread_local would reach its own thread's)
+  thread_local std::vector<float> score_buffer;
+  thread_local std::vector<const float*> q_rows;
+  thread_local std::vector<float*> score_list, out_rows;
+  thread_local std::vector<const T*> key_rows, value_rows;
+  score_buffer.resize(static_cast<size_t>(heads * longest));
+  q_rows.resize(static_cast<size_t>(heads));
+  score_list.resize(static_cast<size_t>(heads));
+  out_rows.resize(static_cast<size_t>(heads));
+  for (int64_t r = 0; r < heads; ++r) {
+    q_rows[r] = run.q + r / rows * run.q_stride + r % rows * dim;
+    out_rows[r] = run.o + r / rows * run.o_stride + r % rows * dim;
+    score_list[r] = score_buffer.data() + r * longest;
+  }
+  kv.rows(kv.keys, table, longest, 0, key_rows);
+  kv.rows(kv.values, table, longest, 0, value_rows);
+  const float* const* q = q_rows.data();
+  float* const* scores = score_list.data();
+  float* const* o = out_rows.data();
+  const T* const* keys = key_rows.data();
+  const T* const* values = value_rows.data();
+  at::parallel_for(0, (shared + kScoreShare - 1) / kScoreShare, 1, [&](int64_t begin, int64_t end) {
+    score_positions(keys, dim, begin * kScoreShare, std::min(end * kScoreShare, shared), q, scores, heads, rows,
+                    group, scale);
+  });
+  for (int64_t i = 0; i < run.count; ++i) {  // each row's last few positions
+    score_positions(keys, dim, shared, run.length_of(i), q + i * rows, scores + i * rows, rows, rows, group, scale);
+  }
+  at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = scores[r];
+      const int64_t length = run.length_of(r / rows);
+      const float inverse = 1.f / exp_shifted(row, length, *std::max_element(row, row + length));
+      for (int64_t pos = 0; pos < length; ++pos) row[pos] *= inverse;
+    }
+  });
+  const int64_t slices = dim / kFeatureShare;
+  at::parallel_for(0, kv.kv_heads * slices, 1, [&](int64_t begin, int64_t end) {
+    constexpr int64_t kTile = 128;  // as attend_sequence: a tile's values stay in the caches for every head
+    for (int64_t share = begin; share < end; ++share) {
+      const int64_t head = share / slices, offset = head * dim + share % slices * kFeatureShare;
+      const int64_t feature = offset - head * dim;
+      for (int64_t tile = 0; tile < longest; tile += kTile) {
+        // this kv head's query heads in every row, two at a time over the positions both have
+        int64_t waiting = -1;
+        for (int64_t r = 0; r < heads; ++r) {
+          if (r % rows / group != head || tile >= run.length_of(r / rows)) continue;
+          if (waiting < 0) {
+            waiting = r;
+            continue;
+          }
+          const int64_t end1 = std::min(tile + kTile, run.length_of(waiting / rows));
+          const int64_t end2 = std::min(tile + kTile, run.length_of(r / rows)), both = std::min(end1, end2);
+          accumulate_values_2<kFeatureShare / 8>(scores[waiting], scores[r], values, tile, both, offset,
+                                                 o[waiting] + feature, o[r] + feature);
+          if (end1 > both) {
+            accumulate_values<kFeatureShare / 8>(scores[waiting], values, both, end1, offset, o[waiting] + feature);
+          }
+          if (end2 > both) accumulate_values<kFeatureShare / 8>(scores[r], values, both, end2, offset, o[r] + feature);
+          waiting = -1;
+        }
+        if (waiting >= 0) {
+          const int64_t end = std::min(tile + kTile, run.length_of(waiting / rows));
+          accumulate_values<kFeatureShare / 8>(scores[waiting], values, tile, end, offset, o[waiting] + feature);
+        }
+      }
+    }
+  });
+}
+#endif
+
 // A share of one step's attention for one thread: rows [row, row + count) of one run, kv heads [first, last)
 struct AttentionTask {
   int64_t row, count, first, last;
@@ -507,6 +625,22 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "sequence length out of its block table");
   }
   at::Tensor out = at::empty({batch, heads * dim}, query.options());
+#ifdef KVASIR_AVX2
+  if (format != Stored::kQ8_0 && batch == 1 && lens[0] >= kShareFrom && dim % kFeatureShare == 0 &&
+      at::get_num_threads() > 1) {
+    const QueryRun run{query.data_ptr<float>(), query.stride(0), out.data_ptr<float>(), heads * dim, lens[0], batch};
+    const float s = static_cast<float>(scale);
+    switch (format) {
+      case Stored::kFloat: attend_run_shared(in_place<float>(key_cache, value_cache), tables, run, group, s); break;
+      case Stored::kHalf: attend_run_shared(in_place<at::Half>(key_cache, value_cache), tables, run, group, s); break;
+      case Stored::kBFloat16:
+        attend_run_shared(in_place<at::BFloat16>(key_cache, value_cache), tables, run, group, s);
+        break;
+      case Stored::kQ8_0: break;
+    }
+    return out;
+  }
+#endif
   const std::vector<AttentionTask> tasks = plan_tasks(tables, lens, batch, width, kv_heads, at::get_num_threads());
   const int64_t num_blocks = key_cache.size(0);
   const at::Half* key_scale = format == Stored::kQ8_0 ? key_scales.data_ptr<at::Half>() : nullptr;
