@@ -255,6 +255,24 @@ struct QueryRun {
   int64_t length_of(int64_t i) const { return length + i; }
 };
 
+// A run's head rows: head row r is query head r % rows of row r / rows (`rows` query heads a row), with its query,
+// its scores over positions [0, longest) in `score_buffer`, and its output
+struct HeadRows {
+  std::vector<const float*> q;
+  std::vector<float*> scores, o;
+  void point(const QueryRun& run, int64_t rows, int64_t dim, float* score_buffer, int64_t longest) {
+    const auto heads = static_cast<size_t>(run.count * rows);
+    q.resize(heads);
+    scores.resize(heads);
+    o.resize(heads);
+    for (int64_t r = 0; r < run.count * rows; ++r) {
+      q[r] = run.q + r / rows * run.q_stride + r % rows * dim;
+      o[r] = run.o + r / rows * run.o_stride + r % rows * dim;
+      scores[r] = score_buffer + r * longest;
+    }
+  }
+};
+
 // scores[r][pos] = q_r . k[pos] * scale for positions [from, to) and head rows r = 0 .. heads, row r reading its
 // kv head's keys (head rows cycle through `rows` query heads, `group` of them per kv head). Eight positions at a
 // time while eight remain before `to`, then one by one: the arithmetic one row alone would get.
@@ -292,16 +310,11 @@ void attend_sequence(const PagedKV<T>& kv, const int64_t* table, const QueryRun&
   const int64_t rows = (last - first) * group, dim = kv.dim;  // query heads per row
   const int64_t heads = run.count * rows, longest = run.length_of(run.count - 1);
   scores.resize(static_cast<size_t>(heads * longest));
-  thread_local std::vector<const float*> q;
-  thread_local std::vector<float*> score_rows, o;
-  q.resize(static_cast<size_t>(heads));
-  score_rows.resize(static_cast<size_t>(heads));
-  o.resize(static_cast<size_t>(heads));
-  for (int64_t r = 0; r < heads; ++r) {
-    q[r] = run.q + r / rows * run.q_stride + r % rows * dim;
-    o[r] = run.o + r / rows * run.o_stride + r % rows * dim;
-    score_rows[r] = scores.data() + r * longest;
-  }
+  thread_local HeadRows head_rows;
+  head_rows.point(run, rows, dim, scores.data(), longest);
+  const std::vector<const float*>& q = head_rows.q;
+  const std::vector<float*>& score_rows = head_rows.scores;
+  const std::vector<float*>& o = head_rows.o;
   auto length_of = [&](int64_t r) { return run.length_of(r / rows); };
   // the positions every row scores eight at a time, for all rows at once; then each row's own last few
   int64_t shared = 0;
@@ -380,23 +393,15 @@ void attend_run_shared(const PagedKV<T>& kv, const int64_t* table, const QueryRu
   // the calling thread's buffers, reached from the others through these pointers (a lambda that named a
   // thread_local would reach its own thread's)
   thread_local std::vector<float> score_buffer;
-  thread_local std::vector<const float*> q_rows;
-  thread_local std::vector<float*> score_list, out_rows;
+  thread_local HeadRows head_rows;
   thread_local std::vector<const T*> key_rows, value_rows;
   score_buffer.resize(static_cast<size_t>(heads * longest));
-  q_rows.resize(static_cast<size_t>(heads));
-  score_list.resize(static_cast<size_t>(heads));
-  out_rows.resize(static_cast<size_t>(heads));
-  for (int64_t r = 0; r < heads; ++r) {
-    q_rows[r] = run.q + r / rows * run.q_stride + r % rows * dim;
-    out_rows[r] = run.o + r / rows * run.o_stride + r % rows * dim;
-    score_list[r] = score_buffer.data() + r * longest;
-  }
+  head_rows.point(run, rows, dim, score_buffer.data(), longest);
   kv.rows(kv.keys, table, longest, 0, key_rows);
   kv.rows(kv.values, table, longest, 0, value_rows);
-  const float* const* q = q_rows.data();
-  float* const* scores = score_list.data();
-  float* const* o = out_rows.data();
+  const float* const* q = head_rows.q.data();
+  float* const* scores = head_rows.scores.data();
+  float* const* o = head_rows.o.data();
   const T* const* keys = key_rows.data();
   const T* const* values = value_rows.data();
   at::parallel_for(0, (shared + kScoreShare - 1) / kScoreShare, 1, [&](int64_t begin, int64_t end) {
