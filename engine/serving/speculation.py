@@ -7,16 +7,18 @@ the text (how often drafts are right) and on the machine and the batch (what a r
 as the engine runs:
 
 - **Acceptance.** Per request, the chance that a draft token is kept given the ones before it were: kept tokens
-  over tokens tried (a draft's tokens after its first rejection were never tried), with recent drafts weighing
-  most and the engine-wide figure as the prior.
+  over tokens tried (a draft's tokens after its first rejection were never tried), a draft's first token apart
+  from its later ones (whether a draft is right at all shows at its first token), with recent drafts weighing
+  most and the engine-wide figures as the prior.
 - **Cost.** What a decode step of ``R`` rows takes (:class:`StepCosts`): a line through the mean time at each row
   count seen, one for plain steps and, per number of replies in the step, one for steps with drafts (which cost
   more than their rows: the rows' sampling, the run's bookkeeping, and a draft model's passes, one per token of
   the longest draft). Until a table's row counts are :data:`MIN_SPAN` apart its slope is a guess, or the plain
   steps' slope where that is known and more (a slope between near counts is mostly noise).
 
-In ``auto`` each step ranks the draft tokens on offer by their chance of being kept (the next token of a draft
-whose first ``k`` were kept is kept with probability ``a^(k+1)``) and takes the ``e`` best for the ``e`` that
+In ``auto`` each step ranks the draft tokens on offer by their chance of being kept (a draft's token ``k`` is
+kept with probability ``f * a^k``: ``f`` its first token's chance, ``a`` a later one's given the one before, each
+measured as above) and takes the ``e`` best for the ``e`` that
 makes the slowest reply of the step fastest: each reply's expected tokens over the step's measured time at that
 many rows, against one token in a plain step's measured time, and only if that is :data:`MARGIN` better
 (:data:`BATCH_MARGIN` for several replies: a reply whose drafts happen to fail is slowed by the others'). Every
@@ -71,24 +73,47 @@ AGE_DECAY = 0.99  # a row count not seen for a while weighs less (contexts grow,
 # tokens come in bursts, and twenty rows cost more than the line through six to fourteen says)
 CALIBRATION_RANGE = (0.5, 1.5)
 CALIBRATION_DECAY = 0.9
+CALIBRATION_AGE = 0.98  # per step without drafts the factor's distance from one shrinks by this: half in 34 steps
 
 
 class Acceptance:
-    """Kept draft tokens over tried ones, recent tries weighing most, on a prior."""
+    """Kept draft tokens over tried ones, recent tries weighing most, on a prior; a draft's first token apart from
+    the ones after it. Whether a draft is right at all (lookup found the passage the reply goes on to copy, or not)
+    shows at its first token, and once one is kept the next mostly is too. One rate for both took the first
+    token's odds for every later one, and auto, trying mostly one-token drafts where unsure, never learnt better:
+    on the rewrite at one chat lookup's first tokens were kept about half the time and later ones about nine in
+    ten, so auto drafted a token or none in most steps (1.19x of off) where forced five-token drafts gave 1.43x."""
 
     def __init__(self, decay: float, prior: float = PRIOR_ACCEPTANCE, weight: float = PRIOR_WEIGHT) -> None:
         self.decay = decay
-        self.kept, self.tried = 0.0, 0.0
+        self.kept, self.tried = 0.0, 0.0  # every token
+        self.first_kept, self.first_tried = 0.0, 0.0  # drafts' first tokens
         self.prior, self.weight = prior, weight
 
     def record(self, drafted: int, accepted: int) -> None:
         tried = accepted + (1 if accepted < drafted else 0)
         self.kept = self.kept * self.decay + accepted
         self.tried = self.tried * self.decay + tried
+        self.first_kept = self.first_kept * self.decay + (1 if accepted else 0)
+        self.first_tried = self.first_tried * self.decay + 1
 
     def rate(self, prior: float | None = None) -> float:
+        """Any tried token's chance of being kept (what the panel calls kept lately)."""
         prior = self.prior if prior is None else prior
         return (self.kept + self.weight * prior) / (self.tried + self.weight)
+
+    def chances(self, prior: tuple[float, float] | None = None) -> tuple[float, float]:
+        """(first, later): the chance a draft's first token is kept, and a later token's given the one before it
+        was; each on ``prior`` (the same pair, engine-wide) or this one's prior rate."""
+        first_prior, later_prior = (self.prior, self.prior) if prior is None else prior
+        first = (self.first_kept + self.weight * first_prior) / (self.first_tried + self.weight)
+        later_kept, later_tried = self.kept - self.first_kept, self.tried - self.first_tried
+        return first, (later_kept + self.weight * later_prior) / (later_tried + self.weight)
+
+    def expected(self, tokens: int, prior: tuple[float, float] | None = None) -> float:
+        """Tokens a draft of ``tokens`` is expected to have kept."""
+        first, later = self.chances(prior)
+        return sum(first * later ** j for j in range(tokens))
 
 
 class StepCosts:
@@ -160,8 +185,10 @@ class StepCosts:
 class Calibration:
     """What steps with drafts gave against what auto forecast for them, per number of replies in the step: tokens
     per second came over tokens per second forecast, recent steps weighing most, starting at one. Auto's forecast
-    is a model (tokens kept independently at one rate, costs on a line); this is its measured error, and later
-    forecasts are multiplied by it."""
+    is a model (tokens kept at measured rates, costs on a line); this is its measured error, and later forecasts
+    are multiplied by it. Only steps with drafts measure it, and a low factor keeps drafts away, so without them
+    it fades back towards one (:meth:`age`): a few unlucky steps at the start of the rewrite at one chat had set it
+    to 0.58, and the reply never drafted again where forced drafts gave 1.4x."""
 
     def __init__(self) -> None:
         self._came: dict[int, float] = {}
@@ -179,6 +206,11 @@ class Calibration:
             self._came[batch] = self._forecast[batch] = 1.0
         self._came[batch] = CALIBRATION_DECAY * self._came[batch] + rate / forecast_rate
         self._forecast[batch] = CALIBRATION_DECAY * self._forecast[batch] + 1.0
+
+    def age(self, batch: int) -> None:
+        """A step of ``batch`` replies without drafts: what was measured weighs a little less against one."""
+        if batch in self._forecast:
+            self._came[batch] = CALIBRATION_AGE * self._came[batch] + (1 - CALIBRATION_AGE) * self._forecast[batch]
 
 
 class Speculator:
@@ -276,14 +308,18 @@ class Speculator:
         return self.draft_model is not None and self.mode in ("auto", "draft")
 
     def _model_is_better(self, request_id: str) -> bool:
-        """In auto, whether the draft model's drafts have been kept more often for this request than lookup's
-        (lookup's are free, so they go first until measured worse)."""
+        """In auto, whether the draft model's drafts are expected to keep more tokens for this request than
+        lookup's (lookup's are free, so they go first until measured worse)."""
         if self.mode != "auto":
             return False
-        return self._rate("model", request_id) > self._rate("lookup", request_id)
+        return self._expected("model", request_id) > self._expected("lookup", request_id)
 
-    def _rate(self, source: str, request_id: str) -> float:
-        return self._acceptance(source, request_id).rate(self.engine_acceptance[source].rate())
+    def _chances(self, source: str, request_id: str) -> tuple[float, float]:
+        """(first, later) for ``source``'s drafts of this request (see :meth:`Acceptance.chances`)."""
+        return self._acceptance(source, request_id).chances(self.engine_acceptance[source].chances())
+
+    def _expected(self, source: str, request_id: str) -> float:
+        return self._acceptance(source, request_id).expected(FORCED_DRAFT, self.engine_acceptance[source].chances())
 
     def _auto_lengths(self, proposals: dict[str, tuple[Sequence, list[int]]], batch: int) -> dict[str, int]:
         """Draft lengths for the step (see the module's text): the ``e`` draft tokens most likely to be kept,
@@ -298,9 +334,9 @@ class Speculator:
             self._reason = "auto: not drafting (lookup finds nothing to draft)"
             return {}
         margin = MARGIN if batch == 1 else BATCH_MARGIN
-        rates = {rid: self._rate(self._sources[rid], rid) for rid in proposals}
+        odds = {rid: self._chances(self._sources[rid], rid) for rid in proposals}
         # the chance each draft token is kept; a draft's later tokens never rank before its earlier ones
-        chances = sorted(((rates[rid] ** (j + 1), rid) for rid, (_, draft) in proposals.items()
+        chances = sorted(((odds[rid][0] * odds[rid][1] ** j, rid) for rid, (_, draft) in proposals.items()
                           for j in range(len(draft))), reverse=True)
         best, best_gain = self._best_length(proposals, chances, batch, margin) if len(proposals) == batch else (0, 0)
         lengths = dict.fromkeys(proposals, 0)
@@ -395,6 +431,7 @@ class Speculator:
             self._speedup = ratio if self._speedup is None else 0.9 * self._speedup + 0.1 * ratio
         if not drafted_rows:
             self.costs.observe(rows, seconds)
+            self.calibration.age(len(chunks))
         else:
             tables = self.model_costs if draft_seconds else self.lookup_costs
             tables.setdefault(len(chunks), StepCosts(self.costs)).observe(rows, seconds)

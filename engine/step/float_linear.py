@@ -8,10 +8,10 @@ rows cost as much as several plain steps. The kernel reads each weight once per 
 for one row, 20 for four, 8 for thirty-two), and a row's result does not depend on the rows beside it, so a
 reply's check computes exactly what its plain step does. The AVX-512 build holds six rows' sums in its 32
 registers where AVX2 holds three: every weight of the default model (537 MB) times six rows took 17-20 ms on AMD
-EPYC against 24-26 ms for the AVX2 build on the same machine (13-15 ms for one row in either). Prefill (many rows) keeps the gemm, which is as fast or
-faster from about a hundred rows. The rounding differs from torch's (both sum in float32, in another order):
-relative differences of about 1e-7 in each output, the tolerance tests/engine/test_native_kernels.py holds the
-kernel to.
+EPYC against 24-26 ms for the AVX2 build on the same machine (13-15 ms for one row in either). Prefill (many
+rows) keeps the gemm, which is as fast or faster from about a hundred rows. The rounding differs from torch's
+(both sum in float32, in another order): relative differences of about 1e-7 in each output, the tolerance
+tests/engine/test_native_kernels.py holds the kernel to.
 """
 
 from __future__ import annotations

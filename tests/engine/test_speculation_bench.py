@@ -9,11 +9,11 @@ from engine.tools.speculation_bench import (
     CHATS,
     DRAFT_MODES,
     MODES,
+    WARM_TOKENS,
     draft_model_table,
     markdown_table,
     rewrite_prompts,
     story_prompts,
-    WARM_TOKENS,
     summarise_runs,
     warm_tokens,
 )

@@ -9,6 +9,7 @@ from engine.serving.draft_trials import FIRST_WAIT, KEEP_MARGIN, TRIAL_STEPS
 from engine.serving.scheduler import Chunk
 from engine.serving.sequence import Sequence
 from engine.serving.speculation import (
+    CALIBRATION_AGE,
     CALIBRATION_RANGE,
     FORCED_DRAFT,
     MAX_DRAFT,
@@ -92,6 +93,34 @@ def test_acceptance_counts_the_tokens_tried():
     acceptance.record(5, 2)  # two kept, the third tried and rejected, the last two never tried
     acceptance.record(3, 3)  # all three kept
     assert acceptance.rate() == pytest.approx(5 / 6)
+
+
+def test_acceptance_tells_a_drafts_first_token_from_the_ones_after_it():
+    acceptance = Acceptance(decay=1.0, prior=0.5, weight=0.0)
+    acceptance.record(5, 2)  # first kept; of the later ones two tried, one kept
+    acceptance.record(3, 3)  # first kept; two later ones kept
+    acceptance.record(4, 0)  # first rejected
+    assert acceptance.chances() == pytest.approx((2 / 3, 3 / 4))
+    assert acceptance.expected(3) == pytest.approx(2 / 3 * (1 + 3 / 4 + 9 / 16))
+    assert acceptance.rate() == pytest.approx(5 / 7)  # every tried token, as the panel says
+
+
+def test_drafts_whose_first_token_is_a_coin_but_whose_runs_go_on_draft_long():
+    """A reply copying a file: a draft either found the passage (and its tokens are kept in a run) or not. Tried
+    mostly one token at a time, its first tokens are kept half the time; the engine has seen that later tokens are
+    kept. One rate for every token (a half, squared for the second...) drafted three tokens here; the first token's
+    odds times the later ones' draft all eight."""
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.010, per_row=0.001, rows=range(1, 12))
+    for _ in range(5):
+        speculator.engine_acceptance["lookup"].record(8, 8)
+        speculator.engine_acceptance["lookup"].record(8, 0)
+    for _ in range(20):
+        speculator._acceptance("lookup", "a").record(1, 0)
+        speculator._acceptance("lookup", "a").record(1, 1)
+    seq = _seq("a")
+    speculator.plan([seq], {"a": 100})
+    assert len(seq.draft) == MAX_DRAFT
 
 
 def test_right_drafts_with_cheap_rows_draft_long():
@@ -261,8 +290,8 @@ def test_a_batch_that_shrinks_to_one_reply_ends_its_trial():
 
 
 def _bursty_batch(speculator: Speculator, steps: int = 40) -> int:
-    """Four replies whose drafts are kept in bursts (all of them, then none), each step costing what the line
-    says: the steps that drafted."""
+    """Four replies whose drafts are kept in bursts (all of them two steps running, then none), each step costing
+    what the line says: the steps that drafted."""
     _learnt(speculator, fixed=0.010, per_row=0.002, rows=range(1, 40))
     for _ in range(10):
         speculator.engine_acceptance["lookup"].record(8, 8)
@@ -272,7 +301,7 @@ def _bursty_batch(speculator: Speculator, steps: int = 40) -> int:
         speculator.plan(seqs, {s.request_id: 100 for s in seqs})
         rows = sum(1 + len(s.draft) for s in seqs)
         drafted += rows > len(seqs)
-        kept = step % 2 == 0
+        kept = step % 3 != 2
         chunks = [Chunk(s, s.num_tokens - 1, 1 + len(s.draft), tuple(s.draft), len(s.draft) if kept else 0)
                   for s in seqs]
         speculator.record(chunks, speculator.costs.predict(rows), decode_only=True)
@@ -297,6 +326,40 @@ def test_calibration_is_the_rate_that_came_over_the_rate_forecast_within_its_ran
         calibration.record(1, forecast_rate=100.0, rate=70.0)
         calibration.record(2, forecast_rate=100.0, rate=10.0)
     assert calibration.factor(1) == pytest.approx(0.7) and calibration.factor(2) == CALIBRATION_RANGE[0]
+
+
+def test_calibration_fades_back_towards_one_over_steps_without_drafts():
+    """Only steps with drafts measure the forecasts' error, and a low factor keeps drafts away: steps without
+    drafts let it return (else a few unlucky steps stop a reply's drafts for good)."""
+    calibration = Calibration()
+    for _ in range(30):
+        calibration.record(1, forecast_rate=100.0, rate=50.0)
+    low = calibration.factor(1)
+    assert low == pytest.approx(0.5, abs=0.03)
+    calibration.age(4)  # another batch size's steps leave it be
+    assert calibration.factor(1) == low
+    steps = 34
+    for _ in range(steps):
+        calibration.age(1)
+    assert calibration.factor(1) == pytest.approx(1 - (1 - low) * CALIBRATION_AGE ** steps)
+
+
+def test_a_reply_whose_drafts_came_out_badly_drafts_again_after_plain_steps():
+    speculator = Speculator("auto")
+    for _ in range(10):
+        speculator.engine_acceptance["lookup"].record(8, 8)
+    for _ in range(30):
+        speculator.calibration.record(1, forecast_rate=100.0, rate=50.0)  # unlucky drafted steps
+    _learnt(speculator, fixed=0.010, per_row=0.008, rows=range(1, 12))  # drafts promise ~1.8x: 0.9x calibrated
+    seq = _seq("a")
+    steps = 0
+    while True:
+        speculator.plan([seq], {"a": 100})
+        if seq.draft or steps > 200:
+            break
+        steps += 1
+        speculator.record([Chunk(seq, seq.num_tokens - 1, 1, (), 0)], speculator.costs.predict(1), decode_only=True)
+    assert 0 < steps < 100 and len(seq.draft) > 1  # drafting again, not a one-token probe
 
 
 def test_a_reply_with_no_draft_keeps_a_batch_from_drafting_however_well_drafts_came_out():
