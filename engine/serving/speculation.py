@@ -97,10 +97,9 @@ class Acceptance:
         self.first_kept = self.first_kept * self.decay + (1 if accepted else 0)
         self.first_tried = self.first_tried * self.decay + 1
 
-    def rate(self, prior: float | None = None) -> float:
+    def rate(self) -> float:
         """Any tried token's chance of being kept (what the panel calls kept lately)."""
-        prior = self.prior if prior is None else prior
-        return (self.kept + self.weight * prior) / (self.tried + self.weight)
+        return (self.kept + self.weight * self.prior) / (self.tried + self.weight)
 
     def chances(self, prior: tuple[float, float] | None = None) -> tuple[float, float]:
         """(first, later): the chance a draft's first token is kept, and a later token's given the one before it

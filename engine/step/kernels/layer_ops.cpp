@@ -115,6 +115,12 @@ float exp_shifted(float* row, int64_t n, float top) {
   return total;
 }
 
+// row[0 .. n) = softmax(row[0 .. n)), in place
+void softmax_in_place(float* row, int64_t n) {
+  const float inverse = 1.f / exp_shifted(row, n, *std::max_element(row, row + n));
+  for (int64_t pos = 0; pos < n; ++pos) row[pos] *= inverse;
+}
+
 #ifdef KVASIR_AVX2
 inline void prefetch(const void* start, int64_t bytes) {
   const char* first = reinterpret_cast<const char*>(start);
@@ -329,12 +335,7 @@ void attend_sequence(const PagedKV<T>& kv, const int64_t* table, const QueryRun&
     score_positions(keys.data(), dim, shared, run.length_of(i), q.data() + i * rows, score_rows.data() + i * rows,
                     rows, rows, group, scale);
   }
-  for (int64_t r = 0; r < heads; ++r) {
-    float* row = score_rows[r];
-    const int64_t length = length_of(r);
-    const float inverse = 1.f / exp_shifted(row, length, *std::max_element(row, row + length));
-    for (int64_t pos = 0; pos < length; ++pos) row[pos] *= inverse;
-  }
+  for (int64_t r = 0; r < heads; ++r) softmax_in_place(score_rows[r], length_of(r));
   int64_t done = 0;  // features of every head already written
 #ifdef KVASIR_AVX2
   if (dim % 8 == 0) {
@@ -383,71 +384,48 @@ constexpr int64_t kShareFrom = 1024;
 // head (the values) instead of by kv heads: three kv heads on two threads kept one thread idle a third of the
 // time. Every value is computed as attend_sequence computes it and summed in the same order (whole eights of
 // positions through dot8, the same exponentials, each feature's sum over positions in order), so the row's result
-// is the same bits. (A drafted run's rows share their scores' buffer across threads this way, which cost more
-// than the balance gave: 0.97x on a single chat's checks at 3,600 tokens. It keeps attend_sequence.) Needs a head
-// size that is a multiple of 32.
+// is the same bits. (A drafted run's rows shared so moved their scores' buffer between the threads, which cost
+// more than the balance gave: 0.97x on a single chat's checks at 3,600 tokens. They keep attend_sequence.) Needs a
+// head size that is a multiple of 32.
 template <typename T>
-void attend_run_shared(const PagedKV<T>& kv, const int64_t* table, const QueryRun& run, int64_t group, float scale) {
-  const int64_t dim = kv.dim, rows = kv.kv_heads * group, heads = run.count * rows;
-  const int64_t longest = run.length_of(run.count - 1), shared = run.length / 8 * 8;
+void attend_row_shared(const PagedKV<T>& kv, const int64_t* table, const QueryRun& row, int64_t group, float scale) {
+  const int64_t dim = kv.dim, heads = kv.kv_heads * group, length = row.length, shared = length / 8 * 8;
   // the calling thread's buffers, reached from the others through these pointers (a lambda that named a
   // thread_local would reach its own thread's)
   thread_local std::vector<float> score_buffer;
   thread_local HeadRows head_rows;
   thread_local std::vector<const T*> key_rows, value_rows;
-  score_buffer.resize(static_cast<size_t>(heads * longest));
-  head_rows.point(run, rows, dim, score_buffer.data(), longest);
-  kv.rows(kv.keys, table, longest, 0, key_rows);
-  kv.rows(kv.values, table, longest, 0, value_rows);
+  score_buffer.resize(static_cast<size_t>(heads * length));
+  head_rows.point(row, heads, dim, score_buffer.data(), length);
+  kv.rows(kv.keys, table, length, 0, key_rows);
+  kv.rows(kv.values, table, length, 0, value_rows);
   const float* const* q = head_rows.q.data();
   float* const* scores = head_rows.scores.data();
   float* const* o = head_rows.o.data();
   const T* const* keys = key_rows.data();
   const T* const* values = value_rows.data();
   at::parallel_for(0, (shared + kScoreShare - 1) / kScoreShare, 1, [&](int64_t begin, int64_t end) {
-    score_positions(keys, dim, begin * kScoreShare, std::min(end * kScoreShare, shared), q, scores, heads, rows,
+    score_positions(keys, dim, begin * kScoreShare, std::min(end * kScoreShare, shared), q, scores, heads, heads,
                     group, scale);
   });
-  for (int64_t i = 0; i < run.count; ++i) {  // each row's last few positions
-    score_positions(keys, dim, shared, run.length_of(i), q + i * rows, scores + i * rows, rows, rows, group, scale);
-  }
+  score_positions(keys, dim, shared, length, q, scores, heads, heads, group, scale);  // the last few positions
   at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      float* row = scores[r];
-      const int64_t length = run.length_of(r / rows);
-      const float inverse = 1.f / exp_shifted(row, length, *std::max_element(row, row + length));
-      for (int64_t pos = 0; pos < length; ++pos) row[pos] *= inverse;
-    }
+    for (int64_t r = begin; r < end; ++r) softmax_in_place(scores[r], length);
   });
   const int64_t slices = dim / kFeatureShare;
   at::parallel_for(0, kv.kv_heads * slices, 1, [&](int64_t begin, int64_t end) {
     constexpr int64_t kTile = 128;  // as attend_sequence: a tile's values stay in the caches for every head
     for (int64_t share = begin; share < end; ++share) {
-      const int64_t head = share / slices, offset = head * dim + share % slices * kFeatureShare;
-      const int64_t feature = offset - head * dim;
-      for (int64_t tile = 0; tile < longest; tile += kTile) {
-        // this kv head's query heads in every row, two at a time over the positions both have
-        int64_t waiting = -1;
-        for (int64_t r = 0; r < heads; ++r) {
-          if (r % rows / group != head || tile >= run.length_of(r / rows)) continue;
-          if (waiting < 0) {
-            waiting = r;
-            continue;
-          }
-          const int64_t end1 = std::min(tile + kTile, run.length_of(waiting / rows));
-          const int64_t end2 = std::min(tile + kTile, run.length_of(r / rows)), both = std::min(end1, end2);
-          accumulate_values_2<kFeatureShare / 8>(scores[waiting], scores[r], values, tile, both, offset,
-                                                 o[waiting] + feature, o[r] + feature);
-          if (end1 > both) {
-            accumulate_values<kFeatureShare / 8>(scores[waiting], values, both, end1, offset, o[waiting] + feature);
-          }
-          if (end2 > both) accumulate_values<kFeatureShare / 8>(scores[r], values, both, end2, offset, o[r] + feature);
-          waiting = -1;
+      const int64_t head = share / slices, feature = share % slices * kFeatureShare, offset = head * dim + feature;
+      const int64_t first = head * group, last = first + group;  // this kv head's query heads
+      for (int64_t tile = 0; tile < length; tile += kTile) {
+        const int64_t end_pos = std::min(tile + kTile, length);
+        int64_t r = first;
+        for (; r + 2 <= last; r += 2) {  // two query heads at a time over the same values
+          accumulate_values_2<kFeatureShare / 8>(scores[r], scores[r + 1], values, tile, end_pos, offset,
+                                                 o[r] + feature, o[r + 1] + feature);
         }
-        if (waiting >= 0) {
-          const int64_t end = std::min(tile + kTile, run.length_of(waiting / rows));
-          accumulate_values<kFeatureShare / 8>(scores[waiting], values, tile, end, offset, o[waiting] + feature);
-        }
+        if (r < last) accumulate_values<kFeatureShare / 8>(scores[r], values, tile, end_pos, offset, o[r] + feature);
       }
     }
   });
@@ -633,13 +611,13 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
 #ifdef KVASIR_AVX2
   if (format != Stored::kQ8_0 && batch == 1 && lens[0] >= kShareFrom && dim % kFeatureShare == 0 &&
       at::get_num_threads() > 1) {
-    const QueryRun run{query.data_ptr<float>(), query.stride(0), out.data_ptr<float>(), heads * dim, lens[0], batch};
+    const QueryRun row{query.data_ptr<float>(), query.stride(0), out.data_ptr<float>(), heads * dim, lens[0], 1};
     const float s = static_cast<float>(scale);
     switch (format) {
-      case Stored::kFloat: attend_run_shared(in_place<float>(key_cache, value_cache), tables, run, group, s); break;
-      case Stored::kHalf: attend_run_shared(in_place<at::Half>(key_cache, value_cache), tables, run, group, s); break;
+      case Stored::kFloat: attend_row_shared(in_place<float>(key_cache, value_cache), tables, row, group, s); break;
+      case Stored::kHalf: attend_row_shared(in_place<at::Half>(key_cache, value_cache), tables, row, group, s); break;
       case Stored::kBFloat16:
-        attend_run_shared(in_place<at::BFloat16>(key_cache, value_cache), tables, run, group, s);
+        attend_row_shared(in_place<at::BFloat16>(key_cache, value_cache), tables, row, group, s);
         break;
       case Stored::kQ8_0: break;
     }
