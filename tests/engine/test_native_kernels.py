@@ -309,12 +309,16 @@ def test_paged_decode_attention_equals_sdpa_over_each_sequences_blocks():
 
 @pytest.mark.parametrize(("name", "dim"), [("float32", 64), ("float32", 12), ("float16", 96), ("bfloat16", 64),
                                          ("q8_0", 96)])
-def test_a_drafted_runs_rows_are_attended_exactly_as_each_row_alone(name, dim):
+@pytest.mark.parametrize("group", [1, 3, 4, 5])
+def test_a_drafted_runs_rows_are_attended_exactly_as_each_row_alone(name, dim, group):
     """Rows that continue one sequence (its last token and each draft, one position longer each) are attended
-    together, each key read once for all of them: every row's output is bit for bit what it gets alone. The runs
-    cross an eight-position boundary and a 128-position tile of values; a one-row sequence sits between them."""
+    together, each key read once for all of them: every row's output is bit for bit what it gets alone, and
+    SDPA's within float32 rounding. The runs cross an eight-position boundary and a 128-position tile of values;
+    a one-row sequence sits between them. ``group`` query heads share a kv head: the kernel takes up to three of
+    them at a time over the same keys and values, so 4 and 5 leave one and two over."""
     torch.manual_seed(11)
-    blocks, block_size, kv_heads, heads = 24, 16, 2, 6
+    blocks, block_size, kv_heads = 24, 16, 2
+    heads = kv_heads * group
     cache = KVCache(KVShape(1, kv_heads, dim, torch.float32, FORMATS[name]), blocks, block_size, CPU)
     cache.write(0, torch.arange(blocks * block_size), torch.randn(blocks * block_size, kv_heads, dim),
                 torch.randn(blocks * block_size, kv_heads, dim))
@@ -329,10 +333,13 @@ def test_a_drafted_runs_rows_are_attended_exactly_as_each_row_alone(name, dim):
                                            tables[row : row + 1], lengths[row : row + 1], heads, 0.3)
         assert torch.equal(together[row], alone[0]), f"row {row} differs from the row attended alone"
     keys, values = cache.read(0, slice(0, blocks))
-    k = keys[tables[5]].reshape(-1, kv_heads, dim)[:136].repeat_interleave(heads // kv_heads, 1)
-    v = values[tables[5]].reshape(-1, kv_heads, dim)[:136].repeat_interleave(heads // kv_heads, 1)
-    want = F.scaled_dot_product_attention(query[5].view(heads, 1, dim), k.transpose(0, 1), v.transpose(0, 1), scale=0.3)
-    torch.testing.assert_close(together[5], want.reshape(-1), rtol=1e-5, atol=1e-5)
+    for row in range(6):
+        length = int(lengths[row])
+        k = keys[tables[row]].reshape(-1, kv_heads, dim)[:length].repeat_interleave(group, 1)
+        v = values[tables[row]].reshape(-1, kv_heads, dim)[:length].repeat_interleave(group, 1)
+        want = F.scaled_dot_product_attention(query[row].view(heads, 1, dim), k.transpose(0, 1), v.transpose(0, 1),
+                                              scale=0.3)
+        torch.testing.assert_close(together[row], want.reshape(-1), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("name", "dim"), [("float32", 64), ("float16", 96), ("bfloat16", 64), ("float16", 48)])

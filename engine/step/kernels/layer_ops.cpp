@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -79,20 +80,43 @@ inline __m256 load8(const at::BFloat16* p) {  // a bfloat16 is the high half of 
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-// q . (k[p] + offset) for eight rows k[p] of `dim` values (a multiple of 8), as one vector
-template <typename T>
-inline __m256 dot8(const float* q, const T* const* k, int64_t offset, int64_t dim) {
-  __m256 acc[8];
-  for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < dim; j += 8) {
-    const __m256 qj = _mm256_loadu_ps(q + j);
-    for (int p = 0; p < 8; ++p) acc[p] = _mm256_fmadd_ps(qj, load8(k[p] + offset + j), acc[p]);
+// Vector registers the compiler may use: AVX-512VL's 256-bit instructions reach 32, AVX2's 16. Head rows that
+// read the same keys or values are computed together where their sums fit in them (kernels below: Heads rows)
+#ifdef __AVX512VL__
+constexpr int kVectorRegisters = 32;
+#else
+constexpr int kVectorRegisters = 16;
+#endif
+constexpr int kMostHeadsAtOnce = 3;  // the instantiated counts: 1 .. 3
+
+// How many head rows a kernel keeping `sums` vectors of sums per head row (and one more each for its query or its
+// weight, and one for the vector loaded and one to spare) computes at once
+constexpr int heads_at_once(int sums) { return std::min(kMostHeadsAtOnce, (kVectorRegisters - 2) / (sums + 1)); }
+
+// out[h] = q[h] . (k[p] + offset) for eight rows k[p] of `dim` values (a multiple of 8), as one vector each, for
+// Heads head rows reading the same keys: each key vector is loaded once for all of them, and each head row's
+// sums are the ones it would get alone
+template <int Heads, typename T>
+inline void dot8(const float* const* q, const T* const* k, int64_t offset, int64_t dim, __m256* out) {
+  __m256 acc[Heads][8];
+  for (int h = 0; h < Heads; ++h) {
+    for (int p = 0; p < 8; ++p) acc[h][p] = _mm256_setzero_ps();
   }
-  // pairwise sums: lane p of the result is the sum of acc[p]'s eight lanes
-  const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
-  const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
-  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+  for (int64_t j = 0; j < dim; j += 8) {
+    __m256 qj[Heads];
+    for (int h = 0; h < Heads; ++h) qj[h] = _mm256_loadu_ps(q[h] + j);
+    for (int p = 0; p < 8; ++p) {
+      const __m256 key = load8(k[p] + offset + j);
+      for (int h = 0; h < Heads; ++h) acc[h][p] = _mm256_fmadd_ps(qj[h], key, acc[h][p]);
+    }
+  }
+  for (int h = 0; h < Heads; ++h) {  // pairwise sums: lane p of out[h] is the sum of acc[h][p]'s eight lanes
+    const __m256* a = acc[h];
+    const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    out[h] = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+  }
 }
 #endif
 
@@ -127,47 +151,49 @@ inline void prefetch(const void* start, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(first + line, _MM_HINT_T0);
 }
 
-// out[0 .. 8 * Vectors) += p[pos] * (values[pos] + offset)[0 .. 8 * Vectors) for positions [from, to) in order,
-// out taken as zeros where `from` is 0 (a row's positions in tiles give the sums one pass over them gives)
-template <int Vectors, typename T>
-inline void accumulate_values(const float* p, const T* const* values, int64_t from, int64_t to, int64_t offset,
-                              float* out) {
-  __m256 acc[Vectors];
-  for (int u = 0; u < Vectors; ++u) acc[u] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * u);
-  for (int64_t pos = from; pos < to; ++pos) {
-    const __m256 weight = _mm256_set1_ps(p[pos]);
-    const T* v = values[pos] + offset;
-    if (pos + 8 < to) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(T));
-    for (int u = 0; u < Vectors; ++u) acc[u] = _mm256_fmadd_ps(weight, load8(v + 8 * u), acc[u]);
-  }
-  for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out + 8 * u, acc[u]);
-}
-
-// accumulate_values for two head rows reading the same values (one kv head's) over positions [from, to): each
-// position's loads serve both, and their 2 * Vectors sums keep the multiply-add units busy. Each row's sums are
-// the ones accumulate_values gives it.
-template <int Vectors, typename T>
-inline void accumulate_values_2(const float* p1, const float* p2, const T* const* values, int64_t from, int64_t to,
-                                int64_t offset, float* out1, float* out2) {
-  __m256 acc1[Vectors], acc2[Vectors];
-  for (int u = 0; u < Vectors; ++u) {
-    acc1[u] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out1 + 8 * u);
-    acc2[u] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out2 + 8 * u);
+// out[h][0 .. 8 * Vectors) += p[h][pos] * (values[pos] + offset)[0 .. 8 * Vectors) for positions [from, to) in
+// order, for Heads head rows reading the same values (one kv head's): each position's loads serve all of them,
+// and each row's sums are the ones it would get alone. out taken as zeros where `from` is 0 (a row's positions in
+// tiles give the sums one pass over them gives)
+template <int Heads, int Vectors, typename T>
+inline void accumulate_values(const float* const* p, const T* const* values, int64_t from, int64_t to,
+                              int64_t offset, float* const* out) {
+  __m256 acc[Heads][Vectors];
+  for (int h = 0; h < Heads; ++h) {
+    for (int u = 0; u < Vectors; ++u) acc[h][u] = from == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out[h] + 8 * u);
   }
   for (int64_t pos = from; pos < to; ++pos) {
-    const __m256 weight1 = _mm256_set1_ps(p1[pos]), weight2 = _mm256_set1_ps(p2[pos]);
+    __m256 weight[Heads];
+    for (int h = 0; h < Heads; ++h) weight[h] = _mm256_set1_ps(p[h][pos]);
     const T* v = values[pos] + offset;
     if (pos + 8 < to) prefetch(values[pos + 8] + offset, 8 * Vectors * sizeof(T));
     for (int u = 0; u < Vectors; ++u) {
       const __m256 x = load8(v + 8 * u);
-      acc1[u] = _mm256_fmadd_ps(weight1, x, acc1[u]);
-      acc2[u] = _mm256_fmadd_ps(weight2, x, acc2[u]);
+      for (int h = 0; h < Heads; ++h) acc[h][u] = _mm256_fmadd_ps(weight[h], x, acc[h][u]);
     }
   }
-  for (int u = 0; u < Vectors; ++u) {
-    _mm256_storeu_ps(out1 + 8 * u, acc1[u]);
-    _mm256_storeu_ps(out2 + 8 * u, acc2[u]);
+  for (int h = 0; h < Heads; ++h) {
+    for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out[h] + 8 * u, acc[h][u]);
   }
+}
+
+// Calls kernel(std::integral_constant<int, n>) for n = `heads` (1 .. Most): a run-time count of head rows to a
+// kernel's compile-time one
+template <int Most, typename Kernel>
+inline void with_heads(int64_t heads, Kernel&& kernel) {
+  if constexpr (Most >= 3) {
+    if (heads == 3) return kernel(std::integral_constant<int, 3>{});
+  }
+  if constexpr (Most >= 2) {
+    if (heads == 2) return kernel(std::integral_constant<int, 2>{});
+  }
+  kernel(std::integral_constant<int, 1>{});
+}
+
+// How many of head rows r, r + 1, ... (at most `most`, and none from `heads` on) read head row r's kv head (head
+// rows cycle through `rows` query heads, `group` of them per kv head)
+inline int64_t sharing_kv_head(int64_t r, int64_t rows, int64_t group, int64_t heads, int64_t most) {
+  return std::min({most, group - r % rows % group, heads - r});
 }
 #endif
 
@@ -293,9 +319,17 @@ void score_positions(const T* const* keys, int64_t dim, int64_t from, int64_t to
       const T* const* k = keys + pos;
       // the cache is read once and from memory: ask for the keys two rounds ahead while these are multiplied
       for (int64_t ahead = pos + 16; ahead < std::min(pos + 24, to); ++ahead) prefetch(keys[ahead], row_bytes);
-      for (int64_t r = 0; r < heads; ++r) {
-        const int64_t offset = (r % rows / group) * dim;
-        _mm256_storeu_ps(scores[r] + pos, _mm256_mul_ps(dot8(q[r], k, offset, dim), _mm256_set1_ps(scale)));
+      for (int64_t r = 0; r < heads;) {  // the head rows of one kv head a few at a time
+        const int64_t n = sharing_kv_head(r, rows, group, heads, heads_at_once(8)), offset = (r % rows / group) * dim;
+        with_heads<heads_at_once(8)>(n, [&](auto heads_now) {
+          constexpr int Heads = decltype(heads_now)::value;
+          __m256 dots[Heads];
+          dot8<Heads>(q + r, k, offset, dim, dots);
+          for (int h = 0; h < Heads; ++h) {
+            _mm256_storeu_ps(scores[r + h] + pos, _mm256_mul_ps(dots[h], _mm256_set1_ps(scale)));
+          }
+        });
+        r += n;
       }
     }
   }
@@ -343,18 +377,28 @@ void attend_sequence(const PagedKV<T>& kv, const int64_t* table, const QueryRun&
       prefetch(values[pos], (last - first) * dim * static_cast<int64_t>(sizeof(T)));
     }
     // a tile of positions at a time, whose values stay in the core's caches while every head of every row adds
-    // them in: 64 features of one head's output in eight registers over the tile
+    // them in: 64 features of one head's output in eight registers over the tile, for as many of a row's heads
+    // of one kv head as the registers hold
     constexpr int64_t kTile = 128;
     for (int64_t tile = 0; tile < longest; tile += kTile) {
-      for (int64_t r = 0; r < heads; ++r) {
+      for (int64_t r = 0; r < heads;) {  // a row's head rows of one kv head a few at a time: the same length
+        const int64_t n = sharing_kv_head(r, rows, group, heads, heads_at_once(8));
         const int64_t end = std::min(tile + kTile, length_of(r)), offset = (r % rows / group) * dim;
-        if (tile >= end) continue;
-        for (int64_t j0 = 0; j0 + 64 <= dim; j0 += 64) {
-          accumulate_values<8>(score_rows[r], values.data(), tile, end, offset + j0, o[r] + j0);
+        if (tile < end) {
+          with_heads<heads_at_once(8)>(n, [&](auto heads_now) {
+            constexpr int Heads = decltype(heads_now)::value;
+            float* out[Heads];
+            for (int64_t j0 = 0; j0 + 64 <= dim; j0 += 64) {
+              for (int h = 0; h < Heads; ++h) out[h] = o[r + h] + j0;
+              accumulate_values<Heads, 8>(score_rows.data() + r, values.data(), tile, end, offset + j0, out);
+            }
+            for (int64_t j0 = dim / 64 * 64; j0 < dim; j0 += 8) {
+              for (int h = 0; h < Heads; ++h) out[h] = o[r + h] + j0;
+              accumulate_values<Heads, 1>(score_rows.data() + r, values.data(), tile, end, offset + j0, out);
+            }
+          });
         }
-        for (int64_t j0 = dim / 64 * 64; j0 < dim; j0 += 8) {
-          accumulate_values<1>(score_rows[r], values.data(), tile, end, offset + j0, o[r] + j0);
-        }
+        r += n;
       }
     }
     done = dim;
@@ -420,12 +464,17 @@ void attend_row_shared(const PagedKV<T>& kv, const int64_t* table, const QueryRu
       const int64_t first = head * group, last = first + group;  // this kv head's query heads
       for (int64_t tile = 0; tile < length; tile += kTile) {
         const int64_t end_pos = std::min(tile + kTile, length);
-        int64_t r = first;
-        for (; r + 2 <= last; r += 2) {  // two query heads at a time over the same values
-          accumulate_values_2<kFeatureShare / 8>(scores[r], scores[r + 1], values, tile, end_pos, offset,
-                                                 o[r] + feature, o[r + 1] + feature);
+        constexpr int kVectors = kFeatureShare / 8;
+        for (int64_t r = first; r < last;) {  // query heads a few at a time over the same values
+          const int64_t n = sharing_kv_head(r, heads, group, last, heads_at_once(kVectors));
+          with_heads<heads_at_once(kVectors)>(n, [&](auto heads_now) {
+            constexpr int Heads = decltype(heads_now)::value;
+            float* out[Heads];
+            for (int h = 0; h < Heads; ++h) out[h] = o[r + h] + feature;
+            accumulate_values<Heads, kVectors>(scores + r, values, tile, end_pos, offset, out);
+          });
+          r += n;
         }
-        if (r < last) accumulate_values<kFeatureShare / 8>(scores[r], values, tile, end_pos, offset, o[r] + feature);
       }
     }
   });
