@@ -93,29 +93,41 @@ constexpr int kMostHeadsAtOnce = 3;  // the instantiated counts: 1 .. 3
 // weight, and one for the vector loaded and one to spare) computes at once
 constexpr int heads_at_once(int sums) { return std::min(kMostHeadsAtOnce, (kVectorRegisters - 2) / (sums + 1)); }
 
-// out[h] = q[h] . (k[p] + offset) for eight rows k[p] of `dim` values (a multiple of 8), as one vector each, for
-// Heads head rows reading the same keys: each key vector is loaded once for all of them, and each head row's
-// sums are the ones it would get alone
-template <int Heads, typename T>
-inline void dot8(const float* const* q, const T* const* k, int64_t offset, int64_t dim, __m256* out) {
-  __m256 acc[Heads][8];
+// Positions a score kernel takes at once: eight with 32 registers (three head rows' 24 sums), four with 16 (two
+// head rows' eight: twice the use of each key vector loaded that eight positions for one head row would give)
+constexpr int kScorePositions = kVectorRegisters >= 32 ? 8 : 4;
+
+// out[h][p] = q[h] . (k[p] + offset) * scale for Positions (4 or 8) rows k[p] of `dim` values (a multiple of 8),
+// for Heads head rows reading the same keys: each key vector is loaded once for all of them. Each score is the
+// same bits whatever Heads and Positions: eight partial sums over the features in order, then added pairwise.
+template <int Heads, int Positions, typename T>
+inline void score_rows(const float* const* q, const T* const* k, int64_t offset, int64_t dim, float scale,
+                       float* const* out) {
+  static_assert(Positions == 4 || Positions == 8, "four or eight positions");
+  __m256 acc[Heads][Positions];
   for (int h = 0; h < Heads; ++h) {
-    for (int p = 0; p < 8; ++p) acc[h][p] = _mm256_setzero_ps();
+    for (int p = 0; p < Positions; ++p) acc[h][p] = _mm256_setzero_ps();
   }
   for (int64_t j = 0; j < dim; j += 8) {
     __m256 qj[Heads];
     for (int h = 0; h < Heads; ++h) qj[h] = _mm256_loadu_ps(q[h] + j);
-    for (int p = 0; p < 8; ++p) {
+    for (int p = 0; p < Positions; ++p) {
       const __m256 key = load8(k[p] + offset + j);
       for (int h = 0; h < Heads; ++h) acc[h][p] = _mm256_fmadd_ps(qj[h], key, acc[h][p]);
     }
   }
-  for (int h = 0; h < Heads; ++h) {  // pairwise sums: lane p of out[h] is the sum of acc[h][p]'s eight lanes
-    const __m256* a = acc[h];
-    const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-    out[h] = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+  for (int h = 0; h < Heads; ++h) {  // pairwise sums: lane p holds acc[h][p]'s low four lanes' sum, lane p + 4 the
+    const __m256* a = acc[h];        // high four's (of four positions at a time)
+    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    if constexpr (Positions == 4) {
+      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+      _mm_storeu_ps(out[h], _mm_mul_ps(sums, _mm_set1_ps(scale)));
+    } else {
+      const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+      const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                                        _mm256_permute2f128_ps(s0123, s4567, 0x31));
+      _mm256_storeu_ps(out[h], _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+    }
   }
 }
 #endif
@@ -176,6 +188,11 @@ inline void accumulate_values(const float* const* p, const T* const* values, int
     for (int u = 0; u < Vectors; ++u) _mm256_storeu_ps(out[h] + 8 * u, acc[h][u]);
   }
 }
+
+// Features of a head row's output a value kernel sums at once, in eight-lane vectors: 64 with 32 registers (three
+// head rows' 24 sums), 32 with 16 (two head rows' eight: twice the use of each value vector loaded that 64
+// features of one head row would give)
+constexpr int kValueVectors = kVectorRegisters >= 32 ? 8 : 4;
 
 // Calls kernel(std::integral_constant<int, n>) for n = `heads` (1 .. Most): a run-time count of head rows to a
 // kernel's compile-time one
@@ -320,13 +337,14 @@ void score_positions(const T* const* keys, int64_t dim, int64_t from, int64_t to
       // the cache is read once and from memory: ask for the keys two rounds ahead while these are multiplied
       for (int64_t ahead = pos + 16; ahead < std::min(pos + 24, to); ++ahead) prefetch(keys[ahead], row_bytes);
       for (int64_t r = 0; r < heads;) {  // the head rows of one kv head a few at a time
-        const int64_t n = sharing_kv_head(r, rows, group, heads, heads_at_once(8)), offset = (r % rows / group) * dim;
-        with_heads<heads_at_once(8)>(n, [&](auto heads_now) {
+        constexpr int kMost = heads_at_once(kScorePositions);
+        const int64_t n = sharing_kv_head(r, rows, group, heads, kMost), offset = (r % rows / group) * dim;
+        with_heads<kMost>(n, [&](auto heads_now) {
           constexpr int Heads = decltype(heads_now)::value;
-          __m256 dots[Heads];
-          dot8<Heads>(q + r, k, offset, dim, dots);
-          for (int h = 0; h < Heads; ++h) {
-            _mm256_storeu_ps(scores[r + h] + pos, _mm256_mul_ps(dots[h], _mm256_set1_ps(scale)));
+          float* out[Heads];
+          for (int64_t part = 0; part < 8; part += kScorePositions) {
+            for (int h = 0; h < Heads; ++h) out[h] = scores[r + h] + pos + part;
+            score_rows<Heads, kScorePositions>(q + r, k + part, offset, dim, scale, out);
           }
         });
         r += n;
@@ -377,22 +395,24 @@ void attend_sequence(const PagedKV<T>& kv, const int64_t* table, const QueryRun&
       prefetch(values[pos], (last - first) * dim * static_cast<int64_t>(sizeof(T)));
     }
     // a tile of positions at a time, whose values stay in the core's caches while every head of every row adds
-    // them in: 64 features of one head's output in eight registers over the tile, for as many of a row's heads
+    // them in: 64 (or 32) features of one head's output in registers over the tile, for as many of a row's heads
     // of one kv head as the registers hold
     constexpr int64_t kTile = 128;
     for (int64_t tile = 0; tile < longest; tile += kTile) {
       for (int64_t r = 0; r < heads;) {  // a row's head rows of one kv head a few at a time: the same length
-        const int64_t n = sharing_kv_head(r, rows, group, heads, heads_at_once(8));
+        constexpr int kMost = heads_at_once(kValueVectors), kWidth = 8 * kValueVectors;
+        const int64_t n = sharing_kv_head(r, rows, group, heads, kMost);
         const int64_t end = std::min(tile + kTile, length_of(r)), offset = (r % rows / group) * dim;
         if (tile < end) {
-          with_heads<heads_at_once(8)>(n, [&](auto heads_now) {
+          with_heads<kMost>(n, [&](auto heads_now) {
             constexpr int Heads = decltype(heads_now)::value;
             float* out[Heads];
-            for (int64_t j0 = 0; j0 + 64 <= dim; j0 += 64) {
+            for (int64_t j0 = 0; j0 + kWidth <= dim; j0 += kWidth) {
               for (int h = 0; h < Heads; ++h) out[h] = o[r + h] + j0;
-              accumulate_values<Heads, 8>(score_rows.data() + r, values.data(), tile, end, offset + j0, out);
+              accumulate_values<Heads, kValueVectors>(score_rows.data() + r, values.data(), tile, end, offset + j0,
+                                                      out);
             }
-            for (int64_t j0 = dim / 64 * 64; j0 < dim; j0 += 8) {
+            for (int64_t j0 = dim / kWidth * kWidth; j0 < dim; j0 += 8) {
               for (int h = 0; h < Heads; ++h) out[h] = o[r + h] + j0;
               accumulate_values<Heads, 1>(score_rows.data() + r, values.data(), tile, end, offset + j0, out);
             }
@@ -427,7 +447,7 @@ constexpr int64_t kShareFrom = 1024;
 // shared among the threads by positions (the scores), query heads (the softmax) and 32-feature slices of each kv
 // head (the values) instead of by kv heads: three kv heads on two threads kept one thread idle a third of the
 // time. Every value is computed as attend_sequence computes it and summed in the same order (whole eights of
-// positions through dot8, the same exponentials, each feature's sum over positions in order), so the row's result
+// positions through score_rows, the same exponentials, each feature's sum over positions in order), so the row's result
 // is the same bits. (A drafted run's rows shared so moved their scores' buffer between the threads, which cost
 // more than the balance gave: 0.97x on a single chat's checks at 3,600 tokens. They keep attend_sequence.) Needs a
 // head size that is a multiple of 32.
