@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..serving.kv_cache import KVCache
+from . import kernels
 from .flex_attention import FlexMetadata, build_flex_metadata, flex_paged_attention
 from .transfer import to_device
 
@@ -92,6 +93,7 @@ class StepMetadata:
     prefill: GroupMetadata | None = None  # sequences with several new tokens
     flash: FlashMetadata | None = None
     flex: FlexMetadata | None = None
+    native_decode: bool = False  # decode rows go through the native kernel (:func:`uses_native_decode`)
 
 
 @dataclass(slots=True)
@@ -120,6 +122,7 @@ def build_metadata(
     if backend == "flash_attn":
         meta.flash = _flash_metadata(slices, tables, device)
         return meta
+    meta.native_decode = backend == "torch" and uses_native_decode(device, dtype)
     decode = [i for i, s in enumerate(slices) if s.end - s.start == 1]
     prefill = [i for i, s in enumerate(slices) if s.end - s.start > 1]
     whole = len(decode) == len(slices) or len(prefill) == len(slices)
@@ -128,6 +131,36 @@ def build_metadata(
     if prefill:
         meta.prefill = _group_metadata([slices[i] for i in prefill], tables[prefill], block_size, device, whole, dtype)
     return meta
+
+
+def uses_native_decode(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether decode rows (one new token of a sequence each: a reply's next token, or one position of a draft
+    being checked) are attended by the native kernel (``kernels/layer_ops.cpp``) rather than torch's SDPA over
+    gathered keys: on the CPU in float32, where the kernels built. It reads the pool's blocks where they lie (SDPA
+    needs each sequence's keys gathered first, a copy of the whole context per layer), and a row's result is
+    the same bits whatever rows are beside it, so a draft's positions checked as decode rows compute exactly
+    what decoding them one step at a time would. Its sums run in another order than SDPA's (relative
+    differences of about 1e-7, what tests/engine/test_native_kernels.py holds it to)."""
+    return device.type == "cpu" and dtype == torch.float32 and kernels.available()
+
+
+def native_decode_attention(query: torch.Tensor, cache: KVCache, layer: int, group: GroupMetadata, heads: int,
+                            scaling: float) -> torch.Tensor:
+    """Attention of ``group``'s decode rows (``query``: ``[B, heads * D]``, float32, contiguous) over their
+    blocks of ``cache``'s layer ``layer``, by the native kernel; returns ``[B, heads * D]``."""
+    return torch.ops.kvasir_kernels.paged_decode_attention(
+        query, cache.keys[layer], cache.values[layer], _scales(cache.key_scales, layer),
+        _scales(cache.value_scales, layer),
+        group.kv_blocks.view(group.kv_lengths.numel(), -1), group.kv_lengths, heads, scaling,
+    )
+
+
+def _scales(scales: list[torch.Tensor], layer: int) -> torch.Tensor:
+    """A layer's q8_0 scales, or an empty tensor where the cache has none (the kernels' convention)."""
+    return scales[layer] if scales else _NO_SCALES
+
+
+_NO_SCALES = torch.empty(0, dtype=torch.float16)
 
 
 def _padded_block_tables(slices: list[SequenceSlice]) -> torch.Tensor:
@@ -207,7 +240,11 @@ def paged_attention(
         out = flex_paged_attention(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], kvasir.flex, scaling)
     else:
         decode, prefill = kvasir.decode, kvasir.prefill
-        if decode is not None and decode.is_whole_step:
+        if decode is not None and kvasir.native_decode:
+            out = _attend_natively(q, cache, layer, decode, scaling)
+            if prefill is not None:
+                attend_sequences(out, q, cache, layer, prefill, scaling)
+        elif decode is not None and decode.is_whole_step:
             out = attend_group(q, cache, layer, decode, scaling).reshape(q.shape)
         else:
             out = torch.empty_like(q)
@@ -217,6 +254,22 @@ def paged_attention(
             if prefill is not None:
                 attend_sequences(out, q, cache, layer, prefill, scaling)
     return out.unsqueeze(0), None
+
+
+def _attend_natively(q: torch.Tensor, cache: KVCache, layer: int, decode: GroupMetadata,
+                     scaling: float | None) -> torch.Tensor:
+    """``q``'s decode rows attended by :func:`native_decode_attention`, in an output shaped as ``q``
+    (``[T, H, D]``) whose other rows are for the step's prefill chunks to fill."""
+    tokens, heads, head_dim = q.shape
+    scale = head_dim ** -0.5 if scaling is None else scaling
+    if decode.is_whole_step:
+        return native_decode_attention(q.reshape(tokens, heads * head_dim), cache, layer, decode, heads,
+                                       scale).view(q.shape)
+    rows = decode.query_index.view(-1)
+    out = torch.empty_like(q)
+    out[rows] = native_decode_attention(q.index_select(0, rows).view(-1, heads * head_dim), cache, layer, decode,
+                                        heads, scale).view(-1, heads, head_dim)
+    return out
 
 
 def _gather(cache: KVCache, layer: int, group: GroupMetadata) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,8 @@ the residual add, rotary embedding in place, the gated activation and paged deco
 ``kernels/layer_ops.cpp``, with prefill chunks attending sequence by sequence through torch's SDPA
 (:func:`.attention.attend_sequences`). The arithmetic is transformers' (the same formulas), computed in a
 different order, so it is tested against the lean decoder's logits with a tolerance rather than token for
-token; float models keep the exact paths.
+token. Float models run through the lean decoder, whose decode rows on the CPU take the same attention kernel
+(:func:`.attention.uses_native_decode`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .attention import GroupMetadata, StepMetadata, attend_sequences
+from .attention import GroupMetadata, StepMetadata, attend_sequences, native_decode_attention
 from .block_linear import GROUP, BlockQuantLinear, can_fuse, fuse
 from .lean_decoder import lean_decoder_for
 
@@ -140,17 +141,5 @@ class _NativeLayer:
         return self.o_proj(out)
 
     def _decode(self, query: torch.Tensor, group: GroupMetadata, cache) -> torch.Tensor:
-        tables = group.kv_blocks.view(group.kv_lengths.numel(), -1)
-        key_scales, value_scales = _scales(cache.key_scales, self.index), _scales(cache.value_scales, self.index)
-        return torch.ops.kvasir_kernels.paged_decode_attention(
-            query, cache.keys[self.index], cache.values[self.index], key_scales, value_scales, tables,
-            group.kv_lengths, self.heads, self.scaling,
-        )
+        return native_decode_attention(query, cache, self.index, group, self.heads, self.scaling)
 
-
-_NO_SCALES = torch.empty(0, dtype=torch.float16)
-
-
-def _scales(scales: list[torch.Tensor], layer: int) -> torch.Tensor:
-    """A layer's q8_0 scales, or an empty tensor where the cache has none (the kernels' convention)."""
-    return scales[layer] if scales else _NO_SCALES

@@ -8,7 +8,7 @@ import torch
 
 from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
-from .attention import SequenceSlice, StepMetadata, build_metadata
+from .attention import SequenceSlice, StepMetadata, build_metadata, uses_native_decode
 from .cuda_graphs import DecodeGraphs, GraphLimits
 from .flex_attention import compile_failure_reason, flex_compile_failures
 from .lean_decoder import LeanDecoder, lean_decoder_for
@@ -35,9 +35,10 @@ class ModelRunner:
         # (FlexAttention replaces the native kernels' attention, so it runs through the lean decoder)
         native = native_decoder_for(model, device, self.dtype) if backend != "flex" else None
         self.lean = native or lean_decoder_for(model)
-        # the native decode kernel computes a draft's positions fastest as decode rows; torch's attention as one
-        # chunk of the sequence, which reads its keys once for all of them (see _pack)
-        self.drafts_as_rows = native is not None
+        # the native decode kernel (every CPU float32 step's decode rows: attention.uses_native_decode) computes a
+        # draft's positions fastest as decode rows; torch's attention as one chunk of the sequence, which reads
+        # its keys once for all of them (see _pack)
+        self.drafts_as_rows = backend == "torch" and uses_native_decode(device, self.dtype)
         # decode steps from CUDA graphs, where the engine asked for them (it reserved the scratch block they need)
         self.graphs: DecodeGraphs | None = None
         if graph_limits is not None and isinstance(self.lean, LeanDecoder):
