@@ -34,6 +34,7 @@ from ..step.cuda_graphs import GraphLimits, position_rows
 from ..step.runner import ModelRunner
 from ..step.transfer import to_device
 from .block_manager import BlockManager
+from .draft_trials import CatchUp
 from .kv_cache import KVCache, KVShape
 from .scheduler import Chunk
 from .sequence import Sequence
@@ -102,13 +103,12 @@ class DraftModel:
     # -- drafting -----------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def fill(self, chunks: list[Chunk], blocks: BlockManager, budget: int) -> int:
+    def fill(self, chunks: list[Chunk], blocks: BlockManager, budget: int) -> CatchUp:
         """Write the draft of each of ``chunks`` in place, as long as its placeholder (what the step has room for,
         see :meth:`.scheduler.Scheduler._schedule_decodes`) or shorter: greedy tokens of the draft model, after
         the positions it has not computed yet. ``budget``: positions the first pass may take in all; a reply
-        further behind than what is left catches up part of the way in this step, without a draft. Returns how
-        many positions the first pass computed beyond each reply's last token and the one before (what catching
-        up took)."""
+        further behind than what is left catches up part of the way in this step, without a draft. Returns what
+        the first pass computed beyond each reply's last token and the one before (:class:`.draft_trials.CatchUp`)."""
         rows = []
         for index, chunk in enumerate(chunks):
             start = self._computed(chunk.seq, blocks)
@@ -119,7 +119,10 @@ class DraftModel:
         for chunk, row in zip(chunks, rows, strict=True):
             chunk.draft = tuple(drafts.get(row.index, ()))
             chunk.num_tokens = 1 + len(chunk.draft)
-        return sum(max(0, row.end - row.start - 2) for row in rows)
+        behind = [row for row in rows if row.end - row.start > 2]
+        if any(row.start < row.seq.num_prompt_tokens for row in behind):
+            return CatchUp.PROMPT
+        return CatchUp.REPLIES if behind else CatchUp.NONE
 
     def _computed(self, seq: Sequence, blocks: BlockManager) -> int:
         """Positions of ``seq`` whose draft KV is in place: what the draft computed for it, or the blocks its

@@ -27,6 +27,19 @@ that gained 1.35x with forced drafts kept the batch plain for that workload and 
 
 from __future__ import annotations
 
+import enum
+
+
+class CatchUp(enum.Enum):
+    """What the draft model's first pass of a step computed besides each reply's last token and the one before."""
+
+    NONE = "none"  # nothing more: its usual pass
+    REPLIES = "replies"  # reply tokens it sat out (plain steps it took no part in): a trial's own cost
+    PROMPT = "prompt"  # positions of a prompt it had not computed: the prompt's cost, which drafting pays once
+    # per request whenever it starts (a new batch's first trial paid it at 0.3 s for four chats of the rewrite,
+    # and was judged at 0.83x where its later steps came 1.15-1.4x as fast), so never judged as a trial's
+
+
 TRIAL_STEPS = 4  # drafted steps a trial runs before it is judged
 FIRST_WAIT = 8  # plain steps before a batch tries the draft model
 LOST_WAIT = 512  # ... where a batch of as many replies or fewer had trials that never paid

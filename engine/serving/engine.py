@@ -33,6 +33,7 @@ from . import priority
 from .block_manager import BlockManager
 from .cpu_share import ThreadGovernor
 from .draft_model import DraftModel, load_draft_model
+from .draft_trials import CatchUp
 from .gpu_usage import GpuMonitor
 from .kv_cache import KVCache, KVShape, config_head_dim, kv_cache_blocks, release_pages
 from .kv_disk import DiskTier
@@ -239,16 +240,16 @@ class Engine:
                 - 1 for seq in decoding}
         self.speculator.plan(decoding, room)
 
-    def _write_drafts(self, scheduled: SchedulerOutput) -> tuple[float, bool]:
+    def _write_drafts(self, scheduled: SchedulerOutput) -> tuple[float, CatchUp]:
         """The draft model's drafts for the step's chunks that have room for one (:mod:`.draft_model`): the
-        seconds its passes took, and whether they caught up on more than a token or two (a prompt it had not
-        seen, replies it sat out: not what a step with drafts usually costs). Should it fail, the step goes on
-        without drafts."""
+        seconds its passes took, and what they caught up on besides a token or two (a prompt it had not seen,
+        replies it sat out: not what a step with drafts usually costs). Should it fail, the step goes on
+        without drafts (and is not measured: CatchUp.PROMPT)."""
         if self.draft is None or not self.speculator.uses_draft_model:
-            return 0.0, False
+            return 0.0, CatchUp.NONE
         chunks = [c for c in scheduled.chunks if c.draft and c.draft[0] == TO_DRAFT]
         if not chunks:
-            return 0.0, False
+            return 0.0, CatchUp.NONE
         start = time.perf_counter()
         try:
             caught_up = self.draft.fill(chunks, self.block_manager,
@@ -257,8 +258,8 @@ class Engine:
             log.exception("the draft model failed; this step goes on without drafts")
             for chunk in chunks:
                 chunk.draft, chunk.num_tokens, chunk.seq.draft_computed = (), 1, 0
-            return time.perf_counter() - start, True
-        return time.perf_counter() - start, caught_up > 0
+            return time.perf_counter() - start, CatchUp.PROMPT
+        return time.perf_counter() - start, caught_up
 
     def _release_free_pages(self) -> None:
         """Idle on the CPU: the pages of blocks freed since, and the heap the steps' activations left, are given
@@ -603,10 +604,10 @@ class Engine:
             self._finish(seq, "error", f"the engine could not allocate its KV cache: {describe_failure(exc)}")
         return scheduled
 
-    def _compute(self, scheduled: SchedulerOutput, draft_seconds: float = 0.0, caught_up: bool = False
+    def _compute(self, scheduled: SchedulerOutput, draft_seconds: float = 0.0, caught_up: CatchUp = CatchUp.NONE
                  ) -> list[RequestOutput]:
         """Run the forward pass for ``scheduled`` and turn its samples into outputs. ``draft_seconds``: what
-        writing the step's drafts took, part of the step's cost; ``caught_up``: not a typical step's."""
+        writing the step's drafts took, part of the step's cost; ``caught_up``: what they caught up on."""
         start = time.perf_counter()
         for chunk in scheduled.chunks:
             if chunk.seq.first_scheduled_time is None:

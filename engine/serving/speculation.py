@@ -41,7 +41,7 @@ weighed as above in between.
 
 from __future__ import annotations
 
-from .draft_trials import BatchTrials
+from .draft_trials import BatchTrials, CatchUp
 from .metrics import SpeculationStats
 from .ngram import NgramProposer
 from .sequence import Sequence
@@ -394,9 +394,9 @@ class Speculator:
         return self._requests[key]
 
     def record(self, chunks, seconds: float, decode_only: bool, draft_seconds: float = 0.0,
-               caught_up: bool = False) -> None:
+               caught_up: CatchUp = CatchUp.NONE) -> None:
         """Learn from a finished step: its chunks (with their drafts and what was kept) and its time, with the
-        ``draft_seconds`` the draft model's passes took (``caught_up``: they caught up on text first, which no
+        ``draft_seconds`` the draft model's passes took (``caught_up``: what they caught up on first, which no
         other step does). ``decode_only``: the step held no prompt work, so its time is a decode step's."""
         rows = drafted_rows = emitted = 0
         for chunk in chunks:
@@ -415,11 +415,11 @@ class Speculator:
             self._acceptance(source, chunk.seq.request_id).record(len(chunk.draft), chunk.accepted)
             self.engine_acceptance[source].record(len(chunk.draft), chunk.accepted)
         seconds += draft_seconds
-        # a trial bears its own catching up; later, a reply that joins (its prompt to catch up on) is not judged
+        # a trial bears its catching up on the replies it sat out, never on a prompt (see CatchUp)
         if (self._batch_trial and self._judged and decode_only and self.costs.known
-                and (self.trials.starting or not caught_up)):
+                and caught_up is not CatchUp.PROMPT and (self.trials.starting or caught_up is CatchUp.NONE)):
             self.trials.record(emitted, seconds, self.costs.predict(len(chunks)) / len(chunks))
-        if caught_up or not decode_only or (draft_seconds and not drafted_rows) or seconds <= 0:
+        if caught_up is not CatchUp.NONE or not decode_only or (draft_seconds and not drafted_rows) or seconds <= 0:
             return  # prompt work in the step, or the draft model catching up: not a decode step's cost
         if drafted_rows and self._forecast is not None:
             replies, forecast_rate = self._forecast

@@ -5,7 +5,7 @@ right, none where a row costs what it can give, a one-token probe now and then."
 import pytest
 
 from engine.sampling_params import SamplingParams
-from engine.serving.draft_trials import FIRST_WAIT, KEEP_MARGIN, TRIAL_STEPS
+from engine.serving.draft_trials import FIRST_WAIT, KEEP_MARGIN, TRIAL_STEPS, CatchUp
 from engine.serving.scheduler import Chunk
 from engine.serving.sequence import Sequence
 from engine.serving.speculation import (
@@ -204,7 +204,8 @@ def _unfound(count: int) -> list[Sequence]:
             for i in range(count)]
 
 
-def _step(speculator: Speculator, seqs: list[Sequence], kept: int, seconds: float, caught_up: bool = False) -> None:
+def _step(speculator: Speculator, seqs: list[Sequence], kept: int, seconds: float,
+          caught_up: CatchUp = CatchUp.NONE) -> None:
     """The planned step ran: each draft had its first ``kept`` tokens kept, in ``seconds`` (draft passes too)."""
     chunks = [Chunk(s, s.num_tokens - 1, 1 + len(s.draft), tuple(s.draft), min(kept, len(s.draft))) for s in seqs]
     draft_seconds = 0.001 if any(s.draft for s in seqs) else 0.0  # the draft model's passes, part of the time
@@ -250,7 +251,7 @@ def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
         _step(speculator, seqs, 4, 2 * plain_step)
     assert speculator.trials.pace == pytest.approx(2.5) and "2.50x" in speculator.stats().reason
     speculator.plan(seqs, room)  # a reply joins: the draft model catches up on its prompt in a slow step ...
-    _step(speculator, seqs, 4, 20 * plain_step, caught_up=True)
+    _step(speculator, seqs, 4, 20 * plain_step, caught_up=CatchUp.PROMPT)
     speculator.plan(seqs, room)
     assert speculator.trials.pace == pytest.approx(2.5) and all(s.draft for s in seqs)  # ... not judged
     speculator.set_mode("off")  # plain steps while the mode is off are not the trial's
@@ -269,6 +270,32 @@ def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
         speculator.plan(seqs, room)
     assert 1 <= stopped_after <= 6 and speculator.trials.pace < KEEP_MARGIN
     assert "not drafting" in speculator.stats().reason
+
+
+def test_a_trials_catching_up_on_prompts_is_not_judged():
+    """A new batch's first drafted steps catch up on what the draft model had not computed of the replies'
+    prompts: the prompts' cost, paid once per request whenever drafting starts, not the trial's. It is judged on
+    its other steps, so a batch whose drafts pay goes on drafting (judged with those steps, a new batch of four
+    chats of the rewrite lost its first trial at 0.83x where its later steps came 1.15-1.4x as fast)."""
+    speculator = Speculator("auto", draft_model="m")
+    plain_step = 0.040  # four replies' plain step
+    for rows in range(1, 10):
+        for _ in range(3):
+            speculator.costs.observe(rows, plain_step)
+    seqs = _unfound(4)
+    room = {s.request_id: 100 for s in seqs}
+    for seq in seqs:
+        seq.draft_computed = seq.num_tokens - 1
+    speculator.plan(seqs, room)  # plain steps of four replies are measured: the trial starts at once
+    assert all(s.draft == [TO_DRAFT] * FORCED_DRAFT for s in seqs) and speculator.trials.starting
+    for _ in range(2):  # catching up on the prompts: ten plain steps' time each
+        _step(speculator, seqs, 4, 10 * plain_step, caught_up=CatchUp.PROMPT)
+        speculator.plan(seqs, room)
+        assert all(s.draft for s in seqs)
+    for _ in range(TRIAL_STEPS):  # four kept of five: 20 tokens in two plain steps' time, 2.5x the pace
+        _step(speculator, seqs, 4, 2 * plain_step)
+        speculator.plan(seqs, room)
+    assert speculator.trials.pace == pytest.approx(2.5) and all(s.draft for s in seqs)
 
 
 def test_a_batch_that_shrinks_to_one_reply_ends_its_trial():
