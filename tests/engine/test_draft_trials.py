@@ -75,6 +75,14 @@ def test_a_batch_as_large_as_one_that_lost_twice_in_a_row_waits_long_and_a_small
     assert _plain_steps(trials, batch=4) == FIRST_WAIT
 
 
+def test_a_new_batch_is_judged_afresh_after_one_that_lost_twice():
+    trials = BatchTrials()
+    _lose(trials, batch=8)
+    assert trials.wait(8) == LOST_WAIT
+    trials.reset()  # the batch ended: one reply left, or none
+    assert trials.wait(8) == FIRST_WAIT and _plain_steps(trials, batch=8) == FIRST_WAIT
+
+
 def test_drafting_that_paid_and_stopped_tries_again_after_the_first_wait_and_then_waits_long():
     trials = BatchTrials()
     _plain_steps(trials, batch=4)
