@@ -19,10 +19,11 @@ position takes a third of what a plain step spends on one reply), and a losing t
 plain ones. So a trial starts only where the draft model is close behind every reply (:data:`CLOSE_BEHIND`
 tokens of its reply: a batch that has just started, or has just stopped drafting), and where
 :data:`LOSSES_BEFORE_WAIT` trials in a row never paid, a batch of that many replies or more is not tried again for
-:data:`LOST_WAIT` plain steps while the batch lasts; fewer replies may try after the first wait. A first losing trial, and drafting
-that paid and then stopped, try again after the first wait: a few slow steps on a busy machine, or plain steps'
-cost measured in a faster minute, look like drafts that do not pay (one such trial in a bench run of four chats
-that gained 1.35x with forced drafts kept the batch plain for that workload and the next: 0.89x and 1.04x of off).
+:data:`LOST_WAIT` plain steps while the batch lasts; fewer replies may try after the first wait. A first losing
+trial, and drafting that paid and then stopped, try again after the first wait: a few slow steps on a busy
+machine, or plain steps' cost measured in a faster minute, look like drafts that do not pay (one such trial in a
+bench run of four chats that gained 1.35x with forced drafts kept the batch plain for that workload and the next:
+0.89x and 1.04x of off).
 """
 
 from __future__ import annotations

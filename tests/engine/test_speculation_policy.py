@@ -225,19 +225,25 @@ def test_a_lone_reply_weighs_the_draft_model_step_by_step():
     assert lone.draft == [TO_DRAFT] * 3  # within the room left
 
 
-def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
-    """In a batch the draft model is not priced step by step but tried: after a stretch of plain steps every reply
-    drafts with it, goes on while the drafted steps come faster than plain steps of the batch would have for the
-    same tokens, and stops once they do not (the next trial after a longer wait)."""
+def _four_replies_level_with_the_draft_model(plain_step: float):
+    """A speculator with a draft model, plain steps of one to nine rows measured at ``plain_step``, and four
+    replies lookup finds nothing for whose every token the draft model has computed; and their room."""
     speculator = Speculator("auto", draft_model="m")
-    plain_step = 0.040  # four replies' plain step: 100 tokens/s
     for rows in range(1, 10):
         for _ in range(3):
             speculator.costs.observe(rows, plain_step)
     seqs = _unfound(4)
-    room = {s.request_id: 100 for s in seqs}
     for seq in seqs:
-        seq.draft_computed = seq.num_tokens - 1  # the draft model is level with every reply
+        seq.draft_computed = seq.num_tokens - 1
+    return speculator, seqs, {s.request_id: 100 for s in seqs}
+
+
+def test_a_batch_tries_the_draft_model_and_drafts_while_its_steps_come_faster():
+    """In a batch the draft model is not priced step by step but tried: after a stretch of plain steps every reply
+    drafts with it, goes on while the drafted steps come faster than plain steps of the batch would have for the
+    same tokens, and stops once they do not (the next trial after a longer wait)."""
+    plain_step = 0.040  # four replies' plain step: 100 tokens/s
+    speculator, seqs, room = _four_replies_level_with_the_draft_model(plain_step)
     seqs[3].draft_computed = seqs[3].num_prompt_tokens + 1  # ... but one it sat out for a stretch
     for _ in range(FIRST_WAIT + 1):
         speculator.plan(seqs, room)
@@ -277,15 +283,8 @@ def test_a_trials_catching_up_on_prompts_is_not_judged():
     prompts: the prompts' cost, paid once per request whenever drafting starts, not the trial's. It is judged on
     its other steps, so a batch whose drafts pay goes on drafting (judged with those steps, a new batch of four
     chats of the rewrite lost its first trial at 0.83x where its later steps came 1.15-1.4x as fast)."""
-    speculator = Speculator("auto", draft_model="m")
     plain_step = 0.040  # four replies' plain step
-    for rows in range(1, 10):
-        for _ in range(3):
-            speculator.costs.observe(rows, plain_step)
-    seqs = _unfound(4)
-    room = {s.request_id: 100 for s in seqs}
-    for seq in seqs:
-        seq.draft_computed = seq.num_tokens - 1
+    speculator, seqs, room = _four_replies_level_with_the_draft_model(plain_step)
     speculator.plan(seqs, room)  # plain steps of four replies are measured: the trial starts at once
     assert all(s.draft == [TO_DRAFT] * FORCED_DRAFT for s in seqs) and speculator.trials.starting
     for _ in range(2):  # catching up on the prompts: ten plain steps' time each
