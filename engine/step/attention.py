@@ -240,10 +240,8 @@ def paged_attention(
         out = flex_paged_attention(q, kvasir.kv_cache.keys[layer], kvasir.kv_cache.values[layer], kvasir.flex, scaling)
     else:
         decode, prefill = kvasir.decode, kvasir.prefill
-        if decode is not None and kvasir.native_decode:
-            out = _attend_natively(q, cache, layer, decode, scaling)
-            if prefill is not None:
-                attend_sequences(out, q, cache, layer, prefill, scaling)
+        if kvasir.native_decode:
+            out = attend_natively(q, cache, layer, decode, prefill, scaling)
         elif decode is not None and decode.is_whole_step:
             out = attend_group(q, cache, layer, decode, scaling).reshape(q.shape)
         else:
@@ -256,19 +254,22 @@ def paged_attention(
     return out.unsqueeze(0), None
 
 
-def _attend_natively(q: torch.Tensor, cache: KVCache, layer: int, decode: GroupMetadata,
-                     scaling: float | None) -> torch.Tensor:
-    """``q``'s decode rows attended by :func:`native_decode_attention`, in an output shaped as ``q``
-    (``[T, H, D]``) whose other rows are for the step's prefill chunks to fill."""
+def attend_natively(q: torch.Tensor, cache: KVCache, layer: int, decode: GroupMetadata | None,
+                    prefill: GroupMetadata | None, scaling: float | None) -> torch.Tensor:
+    """A step's attention (``q``: ``[T, H, D]``, float32) with its decode rows attended by
+    :func:`native_decode_attention` and its prefill chunks by :func:`attend_sequences`; returns ``[T, H, D]``."""
     tokens, heads, head_dim = q.shape
     scale = head_dim ** -0.5 if scaling is None else scaling
-    if decode.is_whole_step:
+    if decode is not None and decode.is_whole_step:
         return native_decode_attention(q.reshape(tokens, heads * head_dim), cache, layer, decode, heads,
                                        scale).view(q.shape)
-    rows = decode.query_index.view(-1)
-    out = torch.empty_like(q)
-    out[rows] = native_decode_attention(q.index_select(0, rows).view(-1, heads * head_dim), cache, layer, decode,
-                                        heads, scale).view(-1, heads, head_dim)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if decode is not None:
+        rows = decode.query_index.view(-1)
+        out[rows] = native_decode_attention(q.index_select(0, rows).view(-1, heads * head_dim), cache, layer,
+                                            decode, heads, scale).view(-1, heads, head_dim)
+    if prefill is not None:
+        attend_sequences(out, q, cache, layer, prefill, scaling)
     return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .attention import GroupMetadata, StepMetadata, attend_sequences, native_decode_attention
+from .attention import StepMetadata, attend_natively
 from .block_linear import GROUP, BlockQuantLinear, can_fuse, fuse
 from .lean_decoder import lean_decoder_for
 
@@ -126,20 +126,7 @@ class _NativeLayer:
         key = qkv[:, q_width : q_width + kv_width].view(tokens, self.kv_heads, self.head_dim)
         value = qkv[:, q_width + kv_width :].view(tokens, self.kv_heads, self.head_dim)
         cache.write(self.index, meta.slot_mapping, key, value)
-        query = qkv[:, :q_width]
-        decode, prefill = meta.decode, meta.prefill
-        if prefill is None and decode.is_whole_step:
-            return self.o_proj(self._decode(query, decode, cache))
-        out = torch.empty(tokens, q_width, dtype=qkv.dtype)
-        if decode is not None:
-            rows = decode.query_index.view(-1)
-            out[rows] = self._decode(query.index_select(0, rows), decode, cache)
-        if prefill is not None:
-            queries = query.reshape(tokens, self.heads, self.head_dim)
-            attend_sequences(out.view(tokens, self.heads, self.head_dim), queries, cache, self.index, prefill,
-                             self.scaling)
-        return self.o_proj(out)
-
-    def _decode(self, query: torch.Tensor, group: GroupMetadata, cache) -> torch.Tensor:
-        return native_decode_attention(query, cache, self.index, group, self.heads, self.scaling)
+        query = qkv[:, :q_width].view(tokens, self.heads, self.head_dim)
+        out = attend_natively(query, cache, self.index, meta.decode, meta.prefill, self.scaling)
+        return self.o_proj(out.view(tokens, q_width))
 
