@@ -102,6 +102,11 @@ class BlockManager:
         """Blocks that an allocation can take now: free ones plus evictable cached ones."""
         return len(self._free) + len(self._evictable)
 
+    @property
+    def num_fresh(self) -> int:
+        """Free blocks holding no cached prefix: taking one loses nothing."""
+        return len(self._free)
+
     def blocks_for(self, num_tokens: int) -> int:
         """How many blocks hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)

@@ -150,14 +150,28 @@ class Scheduler:
                 continue
             if not allocated:
                 break  # ``seq`` itself was the newest and has been preempted
-            # a draft only fills the slots the reply's own blocks have left: it never takes a block another
-            # request could use, so the pool goes exactly as without it
-            room = len(seq.block_table) * self.block_manager.block_size - seq.num_computed_tokens - 1
-            draft = tuple(draft[: min(room, budget - 1)])
+            draft = tuple(draft[: self._draft_room(seq, min(len(draft), budget - 1))])
             out.chunks.append(Chunk(seq, seq.num_computed_tokens, 1 + len(draft), draft))
             budget -= 1 + len(draft)
             index += 1
         return budget
+
+    def _draft_room(self, seq: Sequence, wanted: int) -> int:
+        """Slots for up to ``wanted`` draft tokens after ``seq``'s next one: what its blocks have left, and its next
+        blocks where a draft runs past them and the pool keeps, besides, free blocks holding no cached prefix for
+        what every running request still needs (the rest of a prompt; one block for a reply). The reply would
+        fill those blocks within a few steps anyway; without them every draft that reaches a block's end is cut
+        there. A draft never evicts a cached prefix nor preempts a request, nor holds a prompt back."""
+        blocks = self.block_manager
+        room = len(seq.block_table) * blocks.block_size - seq.num_computed_tokens - 1
+        if room >= wanted:
+            return wanted
+        needed = seq.num_computed_tokens + 1 + wanted
+        missing = blocks.blocks_for(needed) - len(seq.block_table)
+        reserve = sum(max(1, blocks.blocks_for(other.num_tokens) - len(other.block_table)) for other in self.running)
+        if blocks.num_fresh - missing >= reserve and blocks.allocate(seq.block_table, needed):
+            return wanted
+        return room
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> int:
         """The next prompt chunk of each running request still prefilling, as far as budget and allowance go."""

@@ -104,3 +104,51 @@ def test_finish_releases_blocks_and_keeps_computed_prefix_cached():
     sched.add(again)
     out = run_step(sched)
     assert out.chunks[0].start == 8 and again.num_cached_prompt_tokens == 8
+
+
+def _drafting_at_a_blocks_end(sched: Scheduler) -> Sequence:
+    """A reply whose next token fills its block, with a three-token draft on offer."""
+    a = make_seq("a", 3)
+    sched.add(a)
+    run_step(sched)  # prefills positions 0-2; the next token goes at 3, the block's last slot
+    a.draft = [1, 2, 3]
+    return a
+
+
+def test_a_draft_past_a_blocks_end_takes_the_next_block_while_the_pool_has_spare_ones():
+    """A draft is not cut at its reply's block's end where the pool keeps a fresh block for every running request
+    besides; where it would not, the draft ends with the block (nothing is evicted or preempted for it)."""
+    roomy = Scheduler(BlockManager(3, BS), max_num_seqs=8, max_num_batched_tokens=16)
+    a = _drafting_at_a_blocks_end(roomy)
+    out = roomy.schedule()
+    assert out.chunks[0].draft == (1, 2, 3) and len(a.block_table) == 2
+    assert roomy.block_manager.num_fresh == 1  # kept for the reply's next block
+
+    tight = Scheduler(BlockManager(2, BS), max_num_seqs=8, max_num_batched_tokens=16)
+    a = _drafting_at_a_blocks_end(tight)
+    out = tight.schedule()
+    assert out.chunks[0].draft == () and len(a.block_table) == 1 and not out.preempted
+
+
+def test_a_draft_leaves_the_blocks_a_prompt_still_needs_and_cached_prefixes():
+    """A prompt being computed a chunk per step keeps the blocks its rest needs; cached blocks are never taken."""
+    for num_blocks, drafted in ((5, ()), (6, (1, 2, 3))):
+        sched = Scheduler(BlockManager(num_blocks, BS), max_num_seqs=8, max_num_batched_tokens=7)
+        a, b = make_seq("a", 3), make_seq("b", 12, start=100)
+        sched.add(a)
+        sched.add(b)
+        run_step(sched)  # a's prompt, and 4 of b's 12 tokens: b needs two more blocks
+        a.draft = [1, 2, 3]  # a's next token fills its block
+        out = sched.schedule()
+        assert out.chunks[0].seq is a and out.chunks[0].draft == drafted
+        assert [c.seq for c in out.chunks] == [a, b] and not out.preempted
+
+    cached = BlockManager(4, BS)
+    spent = [cached.allocate(table := [], 8) and table][0]
+    cached.commit_full_blocks(spent, [], list(range(8)), 8)
+    cached.free(spent)  # two blocks hold a cached prefix now
+    sched = Scheduler(cached, max_num_seqs=8, max_num_batched_tokens=16)
+    a = _drafting_at_a_blocks_end(sched)
+    assert cached.num_fresh == 1
+    assert sched.schedule().chunks[0].draft == ()
+    assert cached.counts().cached == 2
