@@ -10,10 +10,14 @@ and where it did not (blocks read from the disk tier, steps decoded without a dr
 its next pass. The draft's KV is only ever a guess's input: the serving model checks every drafted token, so
 a stale draft costs acceptance, never correctness.
 
-Drafts are greedy: the draft model's most likely token at each position, one pass per drafted token, batched
-over the replies that draft. (Stopping a draft where the draft model is unsure, as llama.cpp's ``p_min`` does,
-was measured here: with a 0.3 cut, drafts the serving model kept 96% of came out half as long, and replies
-slower.)
+Drafts are greedy: the draft model's most likely token at each position, one pass per drafted token, batched over
+the replies that draft. Where lookup guessed the draft's first tokens (its hint, ``Sequence.draft_hint``), the first
+pass also computes the positions after the reply's last token on the guessed tokens: as far as the draft model's own
+choice at each position is the guessed token, the guess was its draft, and one pass wrote that much of it; its
+choice after the last agreeing position is the draft's next token, and later passes go on from there. The draft is
+the same either way; a rejected guess costs its positions in the pass. (Stopping a draft where the draft model is
+unsure, as llama.cpp's ``p_min`` does, was measured here: with a 0.3 cut, drafts the serving model kept 96% of came
+out half as long, and replies slower.)
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-# a pass's positions of one reply go as decode rows up to this many (the draft catching up after a draft it
-# wrote was all kept: two), else as one chunk (a prompt it has not seen)
+# a pass's positions of one reply go as decode rows where it catches up on this many or fewer (after a draft it
+# wrote was all kept: two), its hint's with them; else as one chunk (a prompt it has not seen)
 ROWS_UP_TO = 4
 
 
@@ -65,13 +69,16 @@ def load_draft_model(config: EngineConfig, device: torch.device, tokenizer, prog
 
 @dataclasses.dataclass(slots=True)
 class _Row:
-    """One reply in a draft pass: positions ``[start, end)`` computed, and the draft's length wanted."""
+    """One reply in a draft pass: positions ``[start, end)`` computed on ``tokens``, then a position for each
+    of ``hint``'s tokens; the draft's length wanted."""
 
     index: int  # the reply's chunk in the step
     seq: Sequence
     start: int
     end: int
     length: int
+    tokens: list[int]
+    hint: list[int] = dataclasses.field(default_factory=list)
 
 
 class DraftModel:
@@ -111,10 +118,13 @@ class DraftModel:
         the first pass computed beyond each reply's last token and the one before (:class:`.draft_trials.CatchUp`)."""
         rows = []
         for index, chunk in enumerate(chunks):
-            start = self._computed(chunk.seq, blocks)
+            seq = chunk.seq
+            start = self._computed(seq, blocks)
             end = min(chunk.start + 1, start + max(budget, 0))
             budget -= end - start
-            rows.append(_Row(index, chunk.seq, start, end, len(chunk.draft) if end == chunk.start + 1 else 0))
+            length = len(chunk.draft) if end == chunk.start + 1 else 0
+            seq.draft_hint = seq.draft_hint[: max(length - 1, 0)]  # a draft's last token is never computed on
+            rows.append(_Row(index, seq, start, end, length, seq.token_ids[start:end], seq.draft_hint))
         drafts = self._draft([row for row in rows if row.end > row.start])
         for chunk, row in zip(chunks, rows, strict=True):
             chunk.draft = tuple(drafts.get(row.index, ()))
@@ -138,60 +148,61 @@ class DraftModel:
 
     def _draft(self, rows: list[_Row]) -> dict[int, list[int]]:
         """One pass per drafted token: the first over each reply's positions the draft has not computed, up to
-        its last token; each later one over the token the pass before gave."""
+        its last token, and its hint's; each later one over the token the pass before gave."""
         drafts: dict[int, list[int]] = {}
-        tokens_in = [row.seq.token_ids[row.start : row.end] for row in rows]
         while rows:
-            tokens = self._pass(rows, tokens_in)
-            next_rows, next_tokens = [], []
-            for row, token in zip(rows, tokens, strict=True):
-                row.seq.draft_computed = row.end
+            choices = self._pass(rows)
+            next_rows = []
+            for row, chosen in zip(rows, choices, strict=True):
                 draft = drafts.setdefault(row.index, [])
-                if len(draft) >= row.length:
-                    continue
-                draft.append(token)
+                agreed = _agreed(row.hint, chosen)
+                row.seq.draft_computed = row.end + agreed  # positions after a rejected hint token are no draft's
+                draft += chosen[: min(agreed + 1, row.length - len(draft))]
                 if len(draft) < row.length:
-                    next_rows.append(_Row(row.index, row.seq, row.end, row.end + 1, row.length))
-                    next_tokens.append([token])
-            rows, tokens_in = next_rows, next_tokens
+                    end = row.seq.draft_computed + 1
+                    next_rows.append(_Row(row.index, row.seq, end - 1, end, row.length, [draft[-1]]))
+            rows = next_rows
         return drafts
 
-    def _pass(self, rows: list[_Row], tokens_in: list[list[int]]) -> list[int]:
-        """The draft model over each row's tokens at positions ``[start, end)``; the greedy next token of each
-        row."""
-        logits = self._replayed(rows, tokens_in)
+    def _pass(self, rows: list[_Row]) -> list[list[int]]:
+        """The draft model over each row's positions; its greedy choice after the row's last token and after each
+        of its hint's tokens."""
+        inputs = [row.tokens + row.hint for row in rows]
+        ends = list(accumulate(map(len, inputs)))
+        wanted = torch.tensor([i for row, end in zip(rows, ends, strict=True)
+                               for i in range(end - 1 - len(row.hint), end)], dtype=torch.long)
+        logits = self._replayed(rows, inputs, wanted)
         if logits is None:
-            logits = self._eager(rows, tokens_in)
-        return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+            logits = self._eager(rows, inputs, wanted)
+        chosen = iter(logits[:, : self.vocab_size].argmax(dim=-1).tolist())
+        return [[next(chosen) for _ in range(1 + len(row.hint))] for row in rows]
 
-    def _replayed(self, rows: list[_Row], tokens_in: list[list[int]]) -> torch.Tensor | None:
-        """The last position's logits of each row from a CUDA graph, every position a decode row; None where the
-        pass does not fit one (a prompt to catch up), or no graph can run it."""
+    def _replayed(self, rows: list[_Row], inputs: list[list[int]], wanted: torch.Tensor) -> torch.Tensor | None:
+        """The ``wanted`` positions' logits from a CUDA graph, every position a decode row; None where the pass
+        does not fit one (a prompt to catch up), or no graph can run it."""
         graphs = self.runner.graphs
-        if graphs is None or not graphs.fits(sum(map(len, tokens_in))):
+        if graphs is None or not graphs.fits(sum(map(len, inputs))):
             return None
-        decode = [position for row, tokens in zip(rows, tokens_in, strict=True)
+        decode = [position for row, tokens in zip(rows, inputs, strict=True)
                   for position in position_rows(tokens, row.start, row.seq.block_table)]
         logits = graphs.run_rows(decode)
         if logits is None:
             return None
-        return logits[torch.tensor(list(accumulate(map(len, tokens_in))), device=logits.device) - 1]
+        return logits[wanted.to(logits.device)]
 
-    def _eager(self, rows: list[_Row], tokens_in: list[list[int]]) -> torch.Tensor:
+    def _eager(self, rows: list[_Row], inputs: list[list[int]], wanted: torch.Tensor) -> torch.Tensor:
         ids: list[int] = []
         slices: list[SequenceSlice] = []
-        last: list[int] = []
-        for row, tokens in zip(rows, tokens_in, strict=True):
-            if self.runner.drafts_as_rows and len(tokens) <= ROWS_UP_TO:  # the native one-call decode step
+        for row, tokens in zip(rows, inputs, strict=True):
+            if self.runner.drafts_as_rows and len(row.tokens) <= ROWS_UP_TO:  # the native one-call decode step
                 slices += [SequenceSlice(len(ids) + j, row.start + j, row.start + j + 1, row.seq.block_table)
                            for j in range(len(tokens))]
             else:
-                slices.append(SequenceSlice(len(ids), row.start, row.end, row.seq.block_table))
+                slices.append(SequenceSlice(len(ids), row.start, row.start + len(tokens), row.seq.block_table))
             ids.extend(tokens)
-            last.append(len(ids) - 1)
         meta = build_metadata(self.kv_cache, slices, self.loaded.device, self.runner.backend, self.runner.dtype)
         return self.runner.logits(to_device(torch.tensor(ids), self.loaded.device), meta,
-                                  to_device(torch.tensor(last, dtype=torch.long), self.loaded.device))
+                                  to_device(wanted, self.loaded.device))
 
     def after_step(self, chunks: list[Chunk], blocks: BlockManager) -> None:
         """What the serving model kept of each draft: the draft's KV is right up to the first rejected token
@@ -204,3 +215,9 @@ class DraftModel:
             while index >= 0 and not blocks.blocks[seq.block_table[index]].draft_ok:
                 blocks.blocks[seq.block_table[index]].draft_ok = True
                 index -= 1
+
+
+def _agreed(hint: list[int], chosen: list[int]) -> int:
+    """How many of ``hint``'s tokens are the draft model's own choices (``chosen[i]`` is its choice where
+    ``hint[i]`` goes), up to the first that is not."""
+    return next((i for i, (guess, own) in enumerate(zip(hint, chosen)) if guess != own), len(hint))

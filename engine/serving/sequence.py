@@ -41,6 +41,8 @@ class Sequence:
     draft_tokens: int = 0  # proposed and computed, over the whole reply
     accepted_draft_tokens: int = 0  # ... of which the model kept
     draft_computed: int = 0  # leading positions whose KV the draft model has in place (.draft_model)
+    # lookup's guess at the first tokens of a draft the draft model writes, for it to check in its first pass
+    draft_hint: list[int] = field(default_factory=list)
     # [start, end) character ranges of the reply's text that came from kept draft tokens, in order, touching ones
     # joined (the transcript can highlight them)
     kept_draft_spans: list[tuple[int, int]] = field(default_factory=list)

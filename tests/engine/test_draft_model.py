@@ -13,6 +13,7 @@ from engine.errors import ModelLoadError
 from engine.models.fit import estimate
 from engine.serving.draft_model import DraftModel
 from engine.serving.draft_trials import FIRST_WAIT, TRIAL_STEPS
+from engine.serving.speculation import HINTS
 from tests.helpers.pool import assert_preempted_cached_and_drained
 from tests.helpers.tiny_models import ARCHITECTURES
 
@@ -89,9 +90,9 @@ class PassLog:
         self._pass = draft._pass
         draft._pass = self
 
-    def __call__(self, rows, tokens_in):
+    def __call__(self, rows):
         self.passes.append([(row.start, row.end) for row in rows])
-        return self._pass(rows, tokens_in)
+        return self._pass(rows)
 
 
 def test_a_cached_prefix_is_cached_for_the_draft_too(tiny_llama):
@@ -108,6 +109,61 @@ def test_a_cached_prefix_is_cached_for_the_draft_too(tiny_llama):
     assert cached >= 32 and start >= cached - engine.block_size  # at most a block the draft skipped is redone
     assert end == second.metrics.prompt_tokens + 1  # up to the first token of the reply, drafting the second
     assert second.token_ids == _engine(tiny_llama).generate([follow], params)[0].token_ids
+
+
+class DraftLog:
+    """Records the drafts the draft model writes, step by step."""
+
+    def __init__(self, draft: DraftModel) -> None:
+        self.drafts: list[list[tuple[int, ...]]] = []
+        self._fill = draft.fill
+        draft.fill = self
+
+    def __call__(self, chunks, blocks, budget):
+        caught_up = self._fill(chunks, blocks, budget)
+        self.drafts.append([chunk.draft for chunk in chunks])
+        return caught_up
+
+
+class ReplyGuesses:
+    """Lookup standing in for text that repeats: it guesses each draft from the reply plain decoding wrote, every
+    third guess with its second token wrong (the tiny model's replies never repeat, so real lookup finds none)."""
+
+    def __init__(self, engine: Engine, replies) -> None:
+        self.known = [(engine.encode_prompt(p), list(r.token_ids)) for p, r in zip(PROMPTS, replies, strict=True)]
+        self.guesses = 0
+
+    def propose(self, request_id, tokens, length):
+        prompt, reply = next((p, r) for p, r in self.known if tokens[: len(p)] == p)
+        guess = reply[len(tokens) - len(prompt) :][:length]
+        self.guesses += 1
+        if self.guesses % 3 == 0 and len(guess) > 1:
+            guess[1] = (guess[1] + 1) % 1000
+        return guess
+
+    def finish(self, request_id):
+        pass
+
+
+def test_lookup_hints_write_the_same_drafts_in_fewer_passes(tiny_llama):
+    """Lookup's guesses, checked by the draft model in its first pass, give every draft the tokens a pass per
+    token gives, in fewer passes; a rejected guess's positions are written over, so the next drafts are the same
+    too (and the replies those of plain decoding)."""
+    plain = _engine(tiny_llama).generate(PROMPTS, GREEDY)
+    runs = {}
+    for hinted in (True, False):
+        engine = _engine(tiny_llama, "draft")
+        if hinted:
+            engine.speculator.proposer = ReplyGuesses(engine, plain)
+        else:
+            engine.speculator.proposer.propose = lambda *args: []  # in "draft" mode lookup only gives hints
+        drafts, passes = DraftLog(engine.draft), PassLog(engine.draft)
+        _check_same(plain, engine.generate(PROMPTS, GREEDY))
+        runs[hinted] = (drafts.drafts, len(passes.passes), engine.speculator.engine_acceptance[HINTS])
+    (hinted_drafts, hinted_passes, hints), (drafts, passes, no_hints) = runs[True], runs[False]
+    assert hinted_drafts == drafts
+    assert no_hints.tried == 0 and 0 < hints.kept < hints.tried  # guesses were agreed with, and rejected
+    assert hinted_passes < passes
 
 
 def test_auto_with_a_draft_model_changes_nothing(tiny_llama):
