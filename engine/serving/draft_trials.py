@@ -45,7 +45,10 @@ TRIAL_STEPS = 4  # drafted steps a trial runs before it is judged
 FIRST_WAIT = 8  # plain steps before a batch tries the draft model
 LOST_WAIT = 512  # ... where a batch of as many replies or fewer had trials that never paid
 LOSSES_BEFORE_WAIT = 2  # trials in a row that never paid before the long wait
-CLOSE_BEHIND = FIRST_WAIT + 2  # reply tokens the draft model may have missed for a batch to try it
+# reply tokens the draft model may have missed for a batch to try it: the first wait's plain steps, and as many
+# again that lookup's drafts kept meanwhile (with the wait's alone, a traced run of four chats of the rewrite whose
+# first trial lost at 1.09x kept lookup's drafts through the wait, fell too far ahead and never tried again)
+CLOSE_BEHIND = 2 * FIRST_WAIT + 2
 KEEP_MARGIN = 1.1  # drafted steps must come this much faster than plain ones: step times are noisy
 PACE_DECAY = 0.8  # recent steps weigh most (a quoted passage ends; the machine's load changes)
 

@@ -111,6 +111,15 @@ def test_no_trial_while_the_draft_model_is_far_behind_a_reply():
     assert trials.drafts(4, CLOSE_BEHIND)  # the wait has long passed: it tries once the batch is one it can join
 
 
+def test_a_first_loss_tries_again_where_lookup_drafts_kept_tokens_meanwhile():
+    """Replies that keep a lookup draft token a step while the batch waits get ahead of the draft model twice as
+    fast as its plain steps: it still tries again after the first wait."""
+    trials = BatchTrials()
+    _lose(trials, batch=4, times=1)
+    steps = next(step for step in range(1000) if trials.drafts(4, behind=2 * (step + 1)))
+    assert steps == FIRST_WAIT
+
+
 def test_recent_steps_weigh_most():
     trials = BatchTrials()
     _plain_steps(trials)
