@@ -26,7 +26,8 @@ reply in a step waits for the whole step, so a draft for one chat slows the othe
 every reply in the step is expected to come faster. So a single chat on a CPU drafts while its drafts are mostly
 right; a batch drafts only when all of its replies have drafts that pay, and less as it grows (its rows cost
 as much as they give). After :data:`PROBE_EVERY` steps per reply without a draft, one step gives every reply
-with a draft on offer one token, so acceptance (and what a step with drafts costs) stays measured.
+with a draft on offer one token, so acceptance (and what a step with drafts costs) stays measured; after a probe
+whose tokens were all rejected the next waits twice as long (up to :data:`PROBE_BACKOFF_MOST` times).
 ``ngram`` always drafts :data:`FORCED_DRAFT` tokens where lookup finds some; ``off`` never drafts.
 
 **Where drafts come from.** N-gram lookup (:mod:`.ngram`) first: its drafts are free, but only where the text
@@ -58,7 +59,10 @@ PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.5, 2.0  # before anything is measured: a coin
 REQUEST_DECAY = 0.8  # a request's recent drafts weigh most (its text changes: a quoted passage ends)
 ENGINE_DECAY = 0.98
 PRIOR_ROW_SHARE = 0.25  # until row counts far enough apart are measured, a row is guessed at a quarter of a step
-PROBE_EVERY = 16  # steps without a draft (times the batch) before the replies try one token each again
+PROBE_EVERY = 16  # steps without a draft (times the batch) before the replies try one token each again ...
+# ... twice as long after each probe whose tokens were all rejected, up to this many times as long: on the story at
+# one chat, where lookup finds little, a bench run's probes kept 1 token of 8, and each made a one-row step two rows
+PROBE_BACKOFF_MOST = 8
 MARGIN = 1.03  # drafts must promise this much more than a plain step: what is measured is noisy
 # ... and this much where several replies share the step: each waits for the whole step, so the one whose drafts
 # happen to fail is slowed by the others' rows (expected gains hide that; the bench's four chats showed it)
@@ -232,6 +236,8 @@ class Speculator:
         self._requests: dict[tuple[str, str], Acceptance] = {}
         self._sources: dict[str, str] = {}  # where each request's draft in the step came from
         self._plain_steps = 0  # decode steps in a row without a draft, in auto
+        self._probe_every = PROBE_EVERY  # ... before the next probe (longer while probes keep failing)
+        self._probing = False  # the step's drafts are a probe
         self.num_drafts_total = self.draft_tokens_total = self.accepted_total = 0
         self._speedup: float | None = None
         self.calibration = Calibration()  # auto's forecasts for steps with drafts against what they gave
@@ -254,7 +260,7 @@ class Speculator:
         many tokens each may still take (its ``max_tokens`` and the context, less one for the step's own)."""
         for seq in decoding:
             seq.draft, seq.draft_hint = [], []
-        self._batch_trial = self._judged = False
+        self._batch_trial = self._judged = self._probing = False
         if len(decoding) <= 1:
             self.trials.reset()
         if self.mode == "off" or not decoding:
@@ -360,11 +366,13 @@ class Speculator:
         lengths = dict.fromkeys(proposals, 0)
         for _, rid in chances[:best]:
             lengths[rid] += 1
-        if not best and self._plain_steps >= PROBE_EVERY * batch:  # all try one token in one step, so
-            lengths = dict.fromkeys(proposals, 1)                   # acceptance stays measured
-            self._plain_steps = 0
+        if not best and self._plain_steps >= self._probe_every * batch:  # all try one token in one step, so
+            lengths = dict.fromkeys(proposals, 1)                          # acceptance stays measured
+            self._plain_steps, self._probing = 0, True
         else:
             self._plain_steps = 0 if best else self._plain_steps + 1
+            if best:
+                self._probe_every = PROBE_EVERY
         drafting = sum(1 for n in lengths.values() if n)
         prior = self.engine_acceptance["model" if "model" in self._sources.values() else "lookup"].rate()
         error = self.calibration.factor(batch)
@@ -438,6 +446,9 @@ class Speculator:
                 agreed = next((i for i, (a, b) in enumerate(zip(hint, chunk.draft)) if a != b), len(hint))
                 self._acceptance(HINTS, chunk.seq.request_id).record(len(hint), agreed)
                 self.engine_acceptance[HINTS].record(len(hint), agreed)
+        if self._probing:
+            kept = any(chunk.accepted for chunk in chunks)
+            self._probe_every = PROBE_EVERY if kept else min(2 * self._probe_every, PROBE_BACKOFF_MOST * PROBE_EVERY)
         seconds += draft_seconds
         # a trial bears its catching up on the replies it sat out, never on a prompt (see CatchUp)
         if (self._batch_trial and self._judged and decode_only and self.costs.known

@@ -167,6 +167,26 @@ def test_after_a_while_without_drafts_one_step_probes_every_reply(batch):
     assert lengths[:-1] == [[0] * batch] * (PROBE_EVERY * batch) and lengths[-1] == [1] * batch
 
 
+def test_probes_that_keep_nothing_come_less_often_until_one_keeps_a_token():
+    speculator = Speculator("auto")
+    _learnt(speculator, fixed=0.0, per_row=0.004)
+    seq = _seq("a")
+
+    def steps_to_probe(kept: int) -> int:
+        for steps in range(10_000):
+            speculator.plan([seq], {"a": 100})
+            if seq.draft:
+                speculator.record([Chunk(seq, seq.num_tokens - 1, 2, tuple(seq.draft), kept)], 0.008, True)
+                return steps
+            speculator.record([Chunk(seq, seq.num_tokens - 1, 1, (), 0)], 0.004, decode_only=True)
+        return steps
+
+    waits = [steps_to_probe(kept=0) for _ in range(5)]
+    assert waits == [PROBE_EVERY * n for n in (1, 2, 4, 8, 8)]  # up to PROBE_BACKOFF_MOST times
+    steps_to_probe(kept=1)
+    assert steps_to_probe(kept=0) == PROBE_EVERY
+
+
 def test_a_batch_drafts_only_when_every_reply_gains():
     speculator = Speculator("auto")
     _learnt(speculator, fixed=0.010, per_row=0.0005, rows=range(1, 40))
