@@ -150,18 +150,23 @@ class Scheduler:
                 continue
             if not allocated:
                 break  # ``seq`` itself was the newest and has been preempted
-            draft = tuple(draft[: self._draft_room(seq, min(len(draft), budget - 1))])
+            room = self._draft_room(seq, min(len(draft), budget - 1), out)
+            if room is None:
+                index += 1  # growing its blocks failed: the engine ends it, the others carry on
+                continue
+            draft = tuple(draft[:room])
             out.chunks.append(Chunk(seq, seq.num_computed_tokens, 1 + len(draft), draft))
             budget -= 1 + len(draft)
             index += 1
         return budget
 
-    def _draft_room(self, seq: Sequence, wanted: int) -> int:
+    def _draft_room(self, seq: Sequence, wanted: int, out: SchedulerOutput) -> int | None:
         """Slots for up to ``wanted`` draft tokens after ``seq``'s next one: what its blocks have left, and its next
         blocks where a draft runs past them and the pool keeps, besides, free blocks holding no cached prefix for
         what every running request still needs (the rest of a prompt; one block for a reply). The reply would
         fill those blocks within a few steps anyway; without them every draft that reaches a block's end is cut
-        there. A draft never evicts a cached prefix nor preempts a request, nor holds a prompt back."""
+        there. A draft never evicts a cached prefix nor preempts a request, nor holds a prompt back. None (and
+        ``seq`` listed as failed) if allocating raised."""
         blocks = self.block_manager
         room = len(seq.block_table) * blocks.block_size - seq.num_computed_tokens - 1
         if room >= wanted:
@@ -169,9 +174,10 @@ class Scheduler:
         needed = seq.num_computed_tokens + 1 + wanted
         missing = blocks.blocks_for(needed) - len(seq.block_table)
         reserve = sum(max(1, blocks.blocks_for(other.num_tokens) - len(other.block_table)) for other in self.running)
-        if blocks.num_fresh - missing >= reserve and blocks.allocate(seq.block_table, needed):
-            return wanted
-        return room
+        if blocks.num_fresh - missing < reserve:
+            return room
+        allocated = self._allocate(seq, needed, out)
+        return None if allocated is None else wanted if allocated else room
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int, allowance: Allowance) -> int:
         """The next prompt chunk of each running request still prefilling, as far as budget and allowance go."""

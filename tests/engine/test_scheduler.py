@@ -152,3 +152,26 @@ def test_a_draft_leaves_the_blocks_a_prompt_still_needs_and_cached_prefixes():
     assert cached.num_fresh == 1
     assert sched.schedule().chunks[0].draft == ()
     assert cached.counts().cached == 2
+
+
+def test_a_fault_while_a_draft_takes_a_block_fails_only_its_request(monkeypatch):
+    sched = Scheduler(BlockManager(8, BS), max_num_seqs=8, max_num_batched_tokens=16)
+    a = _drafting_at_a_blocks_end(sched)
+    b = make_seq("b", 2, start=100)
+    sched.add(b)
+    run_step(sched)  # a decodes with its draft (taking a second block); b prefills
+    a.draft = []
+    run_step(sched)
+    a.draft = [1, 2, 3]  # a's next token goes at 5: its draft runs past its second block
+    a_blocks = list(a.block_table)
+    original = BlockManager.allocate
+
+    def allocate(self, block_table, num_tokens):
+        if block_table is a.block_table and num_tokens > len(a_blocks) * BS:
+            raise MemoryError("injected")
+        return original(self, block_table, num_tokens)
+
+    monkeypatch.setattr(BlockManager, "allocate", allocate)
+    out = sched.schedule()
+    assert [seq.request_id for seq, _ in out.failed] == ["a"]
+    assert [chunk.seq.request_id for chunk in out.chunks] == ["b"]
