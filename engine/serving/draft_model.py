@@ -42,6 +42,7 @@ from .draft_trials import CatchUp
 from .kv_cache import KVCache, KVShape
 from .scheduler import Chunk
 from .sequence import Sequence
+from .speculation import accepted_length
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +76,13 @@ class _Row:
     index: int  # the reply's chunk in the step
     seq: Sequence
     start: int
-    end: int
-    length: int
     tokens: list[int]
+    length: int
     hint: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
 
 
 class DraftModel:
@@ -124,7 +128,7 @@ class DraftModel:
             budget -= end - start
             length = len(chunk.draft) if end == chunk.start + 1 else 0
             seq.draft_hint = seq.draft_hint[: max(length - 1, 0)]  # a draft's last token is never computed on
-            rows.append(_Row(index, seq, start, end, length, seq.token_ids[start:end], seq.draft_hint))
+            rows.append(_Row(index, seq, start, seq.token_ids[start:end], length, seq.draft_hint))
         drafts = self._draft([row for row in rows if row.end > row.start])
         for chunk, row in zip(chunks, rows, strict=True):
             chunk.draft = tuple(drafts.get(row.index, ()))
@@ -155,12 +159,11 @@ class DraftModel:
             next_rows = []
             for row, chosen in zip(rows, choices, strict=True):
                 draft = drafts.setdefault(row.index, [])
-                agreed = _agreed(row.hint, chosen)
+                agreed = accepted_length(row.hint, chosen)
                 row.seq.draft_computed = row.end + agreed  # positions after a rejected hint token are no draft's
                 draft += chosen[: min(agreed + 1, row.length - len(draft))]
                 if len(draft) < row.length:
-                    end = row.seq.draft_computed + 1
-                    next_rows.append(_Row(row.index, row.seq, end - 1, end, row.length, [draft[-1]]))
+                    next_rows.append(_Row(row.index, row.seq, row.seq.draft_computed, [draft[-1]], row.length))
             rows = next_rows
         return drafts
 
@@ -216,8 +219,3 @@ class DraftModel:
                 blocks.blocks[seq.block_table[index]].draft_ok = True
                 index -= 1
 
-
-def _agreed(hint: list[int], chosen: list[int]) -> int:
-    """How many of ``hint``'s tokens are the draft model's own choices (``chosen[i]`` is its choice where
-    ``hint[i]`` goes), up to the first that is not."""
-    return next((i for i, (guess, own) in enumerate(zip(hint, chosen)) if guess != own), len(hint))

@@ -84,6 +84,14 @@ CALIBRATION_DECAY = 0.9
 CALIBRATION_AGE = 0.98  # per step without drafts the factor's distance from one shrinks by this: half in 34 steps
 
 
+def accepted_length(draft: list[int] | tuple[int, ...], targets: list[int] | tuple[int, ...]) -> int:
+    """How many leading draft tokens equal the model's own choice at their position."""
+    count = 0
+    while count < len(draft) and draft[count] == targets[count]:
+        count += 1
+    return count
+
+
 class Acceptance:
     """Kept draft tokens over tried ones, recent tries weighing most, on a prior; a draft's first token apart from
     the ones after it. Whether a draft is right at all (lookup found the passage the reply goes on to copy, or not)
@@ -443,7 +451,7 @@ class Speculator:
             self.engine_acceptance[source].record(len(chunk.draft), chunk.accepted)
             hint = chunk.seq.draft_hint  # what the draft model checked of lookup's guess, and wrote the same
             if hint:
-                agreed = next((i for i, (a, b) in enumerate(zip(hint, chunk.draft)) if a != b), len(hint))
+                agreed = accepted_length(hint, chunk.draft)
                 self._acceptance(HINTS, chunk.seq.request_id).record(len(hint), agreed)
                 self.engine_acceptance[HINTS].record(len(hint), agreed)
         if self._probing:

@@ -8,6 +8,7 @@ import torch
 
 from ..serving.kv_cache import KVCache
 from ..serving.scheduler import Chunk
+from ..serving.speculation import accepted_length
 from .attention import SequenceSlice, StepMetadata, build_metadata, uses_native_decode
 from .cuda_graphs import DecodeGraphs, GraphLimits
 from .flex_attention import compile_failure_reason, flex_compile_failures
@@ -153,11 +154,3 @@ def _history(chunk: Chunk, drafted: int) -> list[int]:
     if not drafted or chunk.seq.params.repetition_penalty == 1.0:
         return chunk.seq.token_ids
     return chunk.seq.token_ids + list(chunk.draft[:drafted])
-
-
-def accepted_length(draft: tuple[int, ...], targets: list[int]) -> int:
-    """How many leading draft tokens equal the model's own choice at their position."""
-    count = 0
-    while count < len(draft) and draft[count] == targets[count]:
-        count += 1
-    return count

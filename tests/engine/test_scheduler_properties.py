@@ -23,7 +23,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.block_manager import BlockManager
 from engine.serving.scheduler import Chunk, Scheduler, SchedulerOutput
 from engine.serving.sequence import Sequence, Status
-from engine.step.runner import accepted_length
+from engine.serving.speculation import accepted_length
 from tests.helpers.paged_kv import FakeKV, check_pool
 
 VOCAB = 4  # prompt tokens; small, so prompts share prefixes
