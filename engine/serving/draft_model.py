@@ -35,6 +35,7 @@ from ..models.loader import LoadedModel, Progress, load_model
 from ..step import attention
 from ..step.attention import SequenceSlice, build_metadata
 from ..step.cuda_graphs import GraphLimits, position_rows
+from ..step.native_decoder import NativeDecoder
 from ..step.runner import ModelRunner
 from ..step.transfer import to_device
 from .block_manager import BlockManager
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 # a pass's positions of one reply go as decode rows where it catches up on this many or fewer (after a draft it
 # wrote was all kept: two), its hint's with them; else as one chunk (a prompt it has not seen)
 ROWS_UP_TO = 4
+# for a float serving model, the draft's passes of this many positions or fewer round activations to about 15 bits
+# (NativeDecoder.use_fine_activations)
+FINE_ROWS_UP_TO = 2
 
 
 def draft_config(config: EngineConfig) -> EngineConfig:
@@ -89,15 +93,19 @@ class DraftModel:
     """The draft model, its KV tensors in the serving model's pool, and the passes that write drafts."""
 
     def __init__(self, loaded: LoadedModel, pool: KVCache, shape: KVShape, backend: str, vocab_size: int,
-                 graph_limits: GraphLimits | None = None) -> None:
+                 graph_limits: GraphLimits | None = None, serving_rounds_activations: bool = True) -> None:
         """``loaded`` (see :func:`load_draft_model`) with KV tensors of ``shape`` beside every block of the serving
         model's ``pool``; ``vocab_size``: the serving model's; ``graph_limits``: its passes replay CUDA graphs
-        (the pool has the scratch block they need)."""
+        (the pool has the scratch block they need); ``serving_rounds_activations``: whether the serving model's
+        linear layers round their activations to 8 bits, as a 4-bit draft's do (where they don't, the draft's
+        are rounded to about 15 bits: see :meth:`.native_decoder.NativeDecoder.use_fine_activations`)."""
         self.loaded = loaded
         self.block_size = pool.block_size
         self.kv_cache = KVCache(shape, pool.num_blocks, pool.block_size, loaded.device, pool.reserved_blocks)
         self.runner = ModelRunner(loaded.model, self.kv_cache, loaded.device, backend, graph_limits)
         self.vocab_size = vocab_size  # the serving model's: a draft token past it could not be checked
+        if not serving_rounds_activations and isinstance(self.runner.lean, NativeDecoder):
+            self.runner.lean.use_fine_activations(FINE_ROWS_UP_TO)
 
     @property
     def memory_bytes(self) -> int:

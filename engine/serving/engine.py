@@ -24,6 +24,7 @@ from ..models.sources import resolve_source
 from ..sampling_params import SamplingParams, Structure
 from ..step import attention, attention_plan, cuda_graphs
 from ..step.attention_plan import AttentionPlan
+from ..step.block_linear import rounds_activations
 from ..step.detokenizer import IncrementalDetokenizer
 from ..step.grammar import Constraint, Grammars
 from ..step.runner import ModelRunner
@@ -100,7 +101,7 @@ class Engine:
         limits = None if self.graphs_problem else cuda_graphs.GraphLimits(config.max_num_seqs, self.max_model_len)
         self.draft = None if draft is None else DraftModel(
             draft, self.kv_cache, draft_shape, self.attention_backend, self.loaded.model.config.vocab_size,
-            self._draft_graph_limits(config, draft, limits))
+            self._draft_graph_limits(config, draft, limits), rounds_activations(self.loaded.model))
         target = config.step_latency_target_s or (GPU_TARGET_S if self.device.type == "cuda" else CPU_TARGET_S)
         self.pacer = StepPacer(target)  # what steps cost on this model and device, learnt as they run
         self._set_cpu_options(config.threads, config.lower_priority)

@@ -86,9 +86,17 @@ class BlockQuantLinear(nn.Module):
         in_features = raw.shape[1] // BLOCK_BYTES[kind] * BLOCK
         return cls.from_blocks(kind, in_features, raw, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fine_activations: bool = False) -> torch.Tensor:
+        """``x W^T (+ b)``, each row of ``x`` rounded to 8 bits per 32 values first; with ``fine_activations``, the
+        rounding's remainder too, as a second row whose output is added: about 15 bits of rounding."""
         flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        out = self._op(flat, self.blocks, self.in_features, self.out_features)
+        if fine_activations:
+            rows = flat.shape[0]
+            both = self._op(torch.cat([flat, torch.ops.kvasir_kernels.activation_remainder(flat)]), self.blocks,
+                            self.in_features, self.out_features)
+            out = both[:rows] + both[rows:]
+        else:
+            out = self._op(flat, self.blocks, self.in_features, self.out_features)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -99,6 +107,11 @@ class BlockQuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.kind}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+def rounds_activations(model: nn.Module) -> bool:
+    """Whether ``model``'s linear layers round their activations to 8 bits (it has block layers)."""
+    return any(type(module) is BlockQuantLinear for module in model.modules())
 
 
 def _check_kind(kind: str, in_features: int) -> None:

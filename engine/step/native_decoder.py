@@ -57,6 +57,15 @@ class NativeDecoder:
         shapes = {(layer.heads, layer.kv_heads, layer.input_norm[1], layer.post_norm[1], layer.scaling)
                   for layer in self.layers}
         self._one_call = len(shapes) == 1 and first.input_norm[1] == first.post_norm[1]
+        self.fine_rows = 0  # steps of this many tokens or fewer round activations finely (use_fine_activations)
+
+    def use_fine_activations(self, up_to_rows: int) -> None:
+        """Round the linear layers' activations to about 15 bits instead of 8 in steps of ``up_to_rows`` tokens
+        or fewer (each row's 8-bit codes, then their remainder's, see :meth:`.BlockQuantLinear.forward`). A draft
+        model for a serving model whose linear layers are float runs so: its greedy choices then differ from the
+        serving model's by its weights alone, which for the serving model's own 4-bit copy are the same numbers.
+        The remainder rows cost little where a step reads its weights from memory (a few rows), and more beyond."""
+        self.fine_rows = up_to_rows
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, meta: StepMetadata, sample_index: torch.Tensor) -> torch.Tensor:
@@ -64,24 +73,24 @@ class NativeDecoder:
         residual = self.embed_tokens(input_ids).contiguous()  # [T, hidden]
         cos, sin = self.rotary_emb(residual[None], meta.positions[None])
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [T, head_dim]
-        decode = meta.decode
+        decode, fine = meta.decode, input_ids.numel() <= self.fine_rows
         if self._one_call and meta.prefill is None and decode is not None and decode.is_whole_step:
             tables = decode.kv_blocks.view(decode.kv_lengths.numel(), -1)
             cache = meta.kv_cache
             ops.decode_layers_(residual, cos, sin, meta.slot_mapping, tables, decode.kv_lengths, cache.keys,
                                cache.values, cache.key_scales, cache.value_scales, self._step_weights,
-                               self._step_kinds, *self._step_shape)
-            return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm))
+                               self._step_kinds, *self._step_shape, fine)
+            return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm), fine)
         normed = ops.rms_norm(residual, *self.layers[0].input_norm)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
-            normed = ops.add_rms_norm_(residual, layer.attention(normed, cos, sin, meta), *layer.post_norm)
-            mlp = layer.down_proj(ops.silu_mul(layer.gate_up(normed)))
+            normed = ops.add_rms_norm_(residual, layer.attention(normed, cos, sin, meta, fine), *layer.post_norm)
+            mlp = layer.down_proj(ops.silu_mul(layer.gate_up(normed, fine)), fine)
             if index < last:
                 normed = ops.add_rms_norm_(residual, mlp, *self.layers[index + 1].input_norm)
             else:
                 residual += mlp
-        return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm))
+        return self.lm_head(ops.rms_norm(residual.index_select(0, sample_index), *self.final_norm), fine)
 
 
 _KIND_CODES = {"q4_1": 0, "q8_0": 1, "q4_1f": 2}  # decode_step.cpp's block kinds
@@ -118,8 +127,9 @@ class _NativeLayer:
     def step_kinds(self) -> list[int]:
         return [_KIND_CODES[p.kind] for p in (self.qkv, self.o_proj, self.gate_up, self.down_proj)]
 
-    def attention(self, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: StepMetadata):
-        qkv = self.qkv(normed)  # [T, (heads + 2 kv_heads) * head_dim]
+    def attention(self, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: StepMetadata,
+                  fine: bool = False):
+        qkv = self.qkv(normed, fine)  # [T, (heads + 2 kv_heads) * head_dim]
         torch.ops.kvasir_kernels.rotary_qk_(qkv, self.heads, self.kv_heads, cos, sin)
         tokens, q_width, kv_width = qkv.shape[0], self.heads * self.head_dim, self.kv_heads * self.head_dim
         cache = meta.kv_cache
@@ -128,5 +138,5 @@ class _NativeLayer:
         cache.write(self.index, meta.slot_mapping, key, value)
         query = qkv[:, :q_width].view(tokens, self.heads, self.head_dim)
         out = attend_natively(query, cache, self.index, meta.decode, meta.prefill, self.scaling)
-        return self.o_proj(out.view(tokens, q_width))
+        return self.o_proj(out.view(tokens, q_width), fine)
 

@@ -11,7 +11,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.errors import ModelLoadError
 from engine.models.fit import estimate
-from engine.serving.draft_model import DraftModel
+from engine.serving.draft_model import FINE_ROWS_UP_TO, DraftModel
 from engine.serving.draft_trials import FIRST_WAIT, TRIAL_STEPS
 from engine.serving.speculation import HINTS
 from tests.helpers.pool import assert_preempted_cached_and_drained
@@ -52,6 +52,14 @@ def test_greedy_replies_are_the_same_with_a_draft_model(tiny_model_dirs, arch):
     stats = engine.stats()
     assert stats.speculation.draft_model.endswith("(int4)")
     assert stats.kv_blocks_used == 0
+
+
+def test_a_float_models_draft_rounds_its_few_rows_finely(tiny_llama):
+    """The draft's 4-bit layers round activations to 8 bits; a float serving model's do not, so for one its draft
+    rounds them to about 15 bits in passes of a few rows (where the remainder rows cost little), and for a 4-bit
+    serving model it keeps 8."""
+    assert _engine(tiny_llama, "draft").draft.runner.lean.fine_rows == FINE_ROWS_UP_TO > 0
+    assert _engine(tiny_llama, "draft", quantization="int4").draft.runner.lean.fine_rows == 0
 
 
 def test_seeded_and_stopped_replies_are_the_same_with_a_draft_model(tiny_llama):

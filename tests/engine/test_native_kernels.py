@@ -185,6 +185,22 @@ def test_activations_are_rounded_to_8_bits_as_c_rounds():
     assert torch.equal(identity(x), want)
 
 
+@pytest.mark.parametrize("kind, encode", [("q4_1", quantize_q4_1), ("q8_0", quantize_q8_0)])
+def test_fine_activations_are_rounded_a_hundred_times_finer(kind, encode):
+    """With fine activations a block layer's output is its float formula over the unrounded activations to
+    within the remainder's own 8-bit rounding: a hundredth of the 8-bit rounding's error, give or take."""
+    torch.manual_seed(8)
+    layer = BlockQuantLinear.from_blocks(kind, 256, encode(torch.randn(64, 256)))
+    x = torch.randn(3, 256) * torch.logspace(-2, 1, 256)  # blocks of different ranges
+    remainder = ops.activation_remainder(x)
+    step = x.reshape(3, 8, 32).abs().amax(-1, keepdim=True) / 127
+    assert bool((remainder.reshape(3, 8, 32).abs() <= step * 0.5 * 1.0001).all())  # what rounding to a step leaves
+    assert remainder.abs().amax() > 0
+    exact = x.double() @ layer.dequantize().double().t()
+    rounded, fine = (layer(x) - exact).abs().amax(), (layer(x, fine_activations=True) - exact).abs().amax()
+    assert fine < rounded / 30, (float(fine), float(rounded))
+
+
 @pytest.mark.parametrize("kind, encode, max_step", [("q4_1", quantize_q4_1, 15), ("q8_0", quantize_q8_0, 254)])
 def test_quantising_float_weights_is_within_half_a_step(kind, encode, max_step):
     torch.manual_seed(0)
@@ -421,9 +437,12 @@ def test_one_call_decode_step_equals_the_layer_by_layer_step(tiny_model_dirs, ar
     step = [SequenceSlice(0, len(prompts[0]) - 1, len(prompts[0]), [1, 2]),
             SequenceSlice(1, len(prompts[1]) - 1, len(prompts[1]), [5, 6])]
     ids = torch.tensor([prompts[0][-1], prompts[1][-1]])
-    results = []
-    for one_call in (True, False):
-        native._one_call = one_call
-        meta = build_metadata(engine.runner.kv_cache, step, engine.device, "torch", torch.float32)
-        results.append(native(ids, meta, torch.tensor([0, 1])))
-    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
+    results = {}
+    for fine_rows in (0, 2):  # fine activations (a draft model's for a float serving model) in both paths too
+        native.use_fine_activations(fine_rows)
+        for one_call in (True, False):
+            native._one_call = one_call
+            meta = build_metadata(engine.runner.kv_cache, step, engine.device, "torch", torch.float32)
+            results[fine_rows, one_call] = native(ids, meta, torch.tensor([0, 1]))
+        torch.testing.assert_close(results[fine_rows, True], results[fine_rows, False], rtol=1e-5, atol=1e-5)
+    assert (results[0, True] - results[2, True]).abs().amax() > 1e-3  # the two roundings differ

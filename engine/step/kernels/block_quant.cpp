@@ -576,6 +576,27 @@ at::Tensor q4_1f_linear(const at::Tensor& input, const at::Tensor& weight_groups
   return block_linear(input, weight_groups, in_features, out_features, kQ4_1F);
 }
 
+at::Tensor activation_remainder(const at::Tensor& input) {
+  TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat && input.is_contiguous() &&
+                  input.size(1) % kBlock == 0,
+              "activations must be a contiguous float32 [rows, in_features] tensor of whole 32-value blocks");
+  const int64_t rows = input.size(0), features = input.size(1), blocks = features / kBlock;
+  at::Tensor out = at::empty_like(input);
+  const float* x = input.data_ptr<float>();
+  float* rest = out.data_ptr<float>();
+  std::vector<BlockQ8x> codes(static_cast<size_t>(blocks));
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(x + r * features, codes.data(), blocks);
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const int64_t i = r * features + b * kBlock + j;
+        rest[i] = x[i] - static_cast<float>(codes[b].qs[j]) * codes[b].d;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace kvasir
 
 namespace {
@@ -665,6 +686,7 @@ TORCH_LIBRARY(kvasir_kernels, m) {
   m.def("q4_1_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
   m.def("q8_0_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
   m.def("q4_1f_linear(Tensor input, Tensor weight_blocks, int in_features, int out_features) -> Tensor");
+  m.def("activation_remainder(Tensor input) -> Tensor");
   m.def("dequantize(Tensor weight_blocks, int in_features, int out_features, str kind) -> Tensor");
   m.def("block_rows(Tensor weight_blocks, Tensor rows, int in_features, int out_features, str kind) -> Tensor");
 }
@@ -673,6 +695,7 @@ TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) {
   m.impl("q4_1_linear", kvasir::q4_1_linear);
   m.impl("q8_0_linear", kvasir::q8_0_linear);
   m.impl("q4_1f_linear", kvasir::q4_1f_linear);
+  m.impl("activation_remainder", kvasir::activation_remainder);
   m.impl("dequantize", kvasir::dequantize);
   m.impl("block_rows", kvasir::block_rows);
 }

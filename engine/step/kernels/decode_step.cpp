@@ -24,11 +24,21 @@ const BlockKind kKinds[] = {{20, kvasir::q4_1_linear}, {34, kvasir::q8_0_linear}
 
 // Every matrix of the one-call step has whole groups of eight rows (NativeDecoder checks), so the group count
 // gives the output width.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& groups, int64_t kind, const at::Tensor& bias) {
+// With `fine`, each row's 8-bit remainder (kvasir::activation_remainder) goes through as a second row and the two
+// outputs are added: the activations' rounding is then that of about 15 bits.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& groups, int64_t kind, const at::Tensor& bias, bool fine) {
   TORCH_CHECK(kind >= 0 && kind < 3, "unknown block kind ", kind);
   const BlockKind& block = kKinds[kind];
   const int64_t in_features = groups.size(1) / (8 * block.bytes) * 32, out_features = groups.size(0) * 8;
-  at::Tensor out = block.linear(x, groups, in_features, out_features);
+  at::Tensor out;
+  if (fine) {
+    const int64_t rows = x.size(0);
+    const at::Tensor both = block.linear(at::cat({x, kvasir::activation_remainder(x)}), groups, in_features,
+                                         out_features);
+    out = both.narrow(0, 0, rows) + both.narrow(0, rows, rows);
+  } else {
+    out = block.linear(x, groups, in_features, out_features);
+  }
   if (bias.numel() > 0) out.add_(bias);
   return out;
 }
@@ -59,12 +69,13 @@ namespace kvasir {
 // down_blocks, down_bias (an empty tensor where there is no bias); kinds: per layer the block kind of qkv, o,
 // gate_up and down (0: Q4_1, 1: Q8_0, 2: Q4_1 with float32 scales). residual [T, hidden] is updated in place:
 // it leaves as the last layer's output, before the final norm.
-// key_scales / value_scales: per layer the q8_0 caches' scales, empty lists for the float caches.
+// key_scales / value_scales: per layer the q8_0 caches' scales, empty lists for the float caches. fine: the
+// activations go through as 8-bit codes and their 8-bit remainder (see linear).
 void decode_layers_(at::Tensor& residual, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
                     const at::Tensor& block_tables, const at::Tensor& lengths, at::TensorList key_caches,
                     at::TensorList value_caches, at::TensorList key_scales, at::TensorList value_scales,
                     at::TensorList weights, at::IntArrayRef kinds, int64_t heads, int64_t kv_heads, double eps,
-                    double scale) {
+                    double scale, bool fine) {
   const int64_t layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(residual.is_contiguous() && residual.scalar_type() == at::kFloat && residual.dim() == 2,
               "residual must be a contiguous float32 [tokens, hidden] tensor");
@@ -82,15 +93,15 @@ void decode_layers_(at::Tensor& residual, const at::Tensor& cos, const at::Tenso
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
     const int64_t* kind = kinds.data() + l * kMatricesPerLayer;
-    at::Tensor qkv = linear(normed, w[1], kind[0], w[2]);
+    at::Tensor qkv = linear(normed, w[1], kind[0], w[2], fine);
     rotary_qk_(qkv, heads, kv_heads, cos, sin);
     at::Tensor key_cache = key_caches[l], value_cache = value_caches[l];
     at::Tensor key_scale = scales_of(key_scales, l), value_scale = scales_of(value_scales, l);
     write_cache(qkv, slot_mapping, queries, kv_width, key_cache, value_cache, key_scale, value_scale);
     at::Tensor attended = paged_decode_attention(qkv.narrow(1, 0, queries), key_cache, value_cache, key_scale,
                                                  value_scale, block_tables, lengths, heads, scale);
-    normed = add_rms_norm_(residual, linear(attended, w[3], kind[1], w[4]), w[5], eps);
-    at::Tensor mlp = linear(silu_mul(linear(normed, w[6], kind[2], w[7])), w[8], kind[3], w[9]);
+    normed = add_rms_norm_(residual, linear(attended, w[3], kind[1], w[4], fine), w[5], eps);
+    at::Tensor mlp = linear(silu_mul(linear(normed, w[6], kind[2], w[7], fine)), w[8], kind[3], w[9], fine);
     if (l + 1 < layers) {
       normed = add_rms_norm_(residual, mlp, weights[(l + 1) * kWeightsPerLayer], eps);
     } else {
@@ -105,7 +116,7 @@ TORCH_LIBRARY_FRAGMENT(kvasir_kernels, m) {
   m.def("decode_layers_(Tensor(a!) residual, Tensor cos, Tensor sin, Tensor slot_mapping, Tensor block_tables, "
         "Tensor lengths, Tensor[] key_caches, Tensor[] value_caches, Tensor[] key_scales, Tensor[] value_scales, "
         "Tensor[] weights, int[] kinds, "
-        "int heads, int kv_heads, float eps, float scale) -> ()");
+        "int heads, int kv_heads, float eps, float scale, bool fine=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvasir_kernels, CPU, m) { m.impl("decode_layers_", kvasir::decode_layers_); }

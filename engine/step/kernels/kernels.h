@@ -11,6 +11,9 @@ at::Tensor q4_1f_linear(const at::Tensor& input, const at::Tensor& weight_blocks
                         int64_t out_features);
 at::Tensor q8_0_linear(const at::Tensor& input, const at::Tensor& weight_blocks, int64_t in_features,
                        int64_t out_features);
+// What each row's 8-bit codes leave of it (x - d q, with the codes the linear layers quantise x to): as a second
+// row of activations it makes a block layer's output that of x to within the remainder's own 8-bit rounding
+at::Tensor activation_remainder(const at::Tensor& input);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm_(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
 void rotary_qk_(at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos, const at::Tensor& sin);
