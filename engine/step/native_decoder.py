@@ -57,15 +57,9 @@ class NativeDecoder:
         shapes = {(layer.heads, layer.kv_heads, layer.input_norm[1], layer.post_norm[1], layer.scaling)
                   for layer in self.layers}
         self._one_call = len(shapes) == 1 and first.input_norm[1] == first.post_norm[1]
-        self.fine_rows = 0  # steps of this many tokens or fewer round activations finely (use_fine_activations)
-
-    def use_fine_activations(self, up_to_rows: int) -> None:
-        """Round the linear layers' activations to about 15 bits instead of 8 in steps of ``up_to_rows`` tokens
-        or fewer (each row's 8-bit codes, then their remainder's, see :meth:`.BlockQuantLinear.forward`). A draft
-        model for a serving model whose linear layers are float runs so: its greedy choices then differ from the
-        serving model's by its weights alone, which for the serving model's own 4-bit copy are the same numbers.
-        The remainder rows cost little where a step reads its weights from memory (a few rows), and more beyond."""
-        self.fine_rows = up_to_rows
+        # round the linear layers' activations to about 15 bits instead of 8 (each row's 8-bit codes, then their
+        # remainder's: BlockQuantLinear.forward): a draft model's, for a float serving model (see draft_model.py)
+        self.fine_activations = False
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, meta: StepMetadata, sample_index: torch.Tensor) -> torch.Tensor:
@@ -73,7 +67,7 @@ class NativeDecoder:
         residual = self.embed_tokens(input_ids).contiguous()  # [T, hidden]
         cos, sin = self.rotary_emb(residual[None], meta.positions[None])
         cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [T, head_dim]
-        decode, fine = meta.decode, input_ids.numel() <= self.fine_rows
+        decode, fine = meta.decode, self.fine_activations
         if self._one_call and meta.prefill is None and decode is not None and decode.is_whole_step:
             tables = decode.kv_blocks.view(decode.kv_lengths.numel(), -1)
             cache = meta.kv_cache

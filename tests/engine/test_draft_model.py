@@ -11,7 +11,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.errors import ModelLoadError
 from engine.models.fit import estimate
-from engine.serving.draft_model import FINE_ROWS_UP_TO, DraftModel
+from engine.serving.draft_model import DraftModel
 from engine.serving.draft_trials import FIRST_WAIT, TRIAL_STEPS
 from engine.serving.speculation import HINTS
 from tests.helpers.pool import assert_preempted_cached_and_drained
@@ -54,12 +54,34 @@ def test_greedy_replies_are_the_same_with_a_draft_model(tiny_model_dirs, arch):
     assert stats.kv_blocks_used == 0
 
 
-def test_a_float_models_draft_rounds_its_few_rows_finely(tiny_llama):
+def _pass_roundings(engine: Engine, prompts) -> list[tuple[int, int, bool]]:
+    """(replies, positions, fine activations) of each of the draft model's passes while ``prompts`` are answered."""
+    draft, seen = engine.draft, []
+    original = draft._pass
+
+    def recorded(rows):
+        chosen = original(rows)
+        fine = getattr(draft.runner.lean, "fine_activations", False)
+        seen.append((len(rows), sum(len(row.tokens) + len(row.hint) for row in rows), fine))
+        return chosen
+
+    draft._pass = recorded
+    engine.generate(prompts, GREEDY)
+    return seen
+
+
+def test_a_float_models_draft_rounds_a_lone_replys_activations_finely(tiny_llama):
     """The draft's 4-bit layers round activations to 8 bits; a float serving model's do not, so for one its draft
-    rounds them to about 15 bits in passes of a few rows (where the remainder rows cost little), and for a 4-bit
-    serving model it keeps 8."""
-    assert _engine(tiny_llama, "draft").draft.runner.lean.fine_rows == FINE_ROWS_UP_TO > 0
-    assert _engine(tiny_llama, "draft", quantization="int4").draft.runner.lean.fine_rows == 0
+    rounds them to about 15 bits in passes of one reply (its prompt, drafts and hints), and keeps 8 in passes of
+    several replies (where the remainder rows cost more than they give); for a 4-bit serving model always 8."""
+    lone = _pass_roundings(_engine(tiny_llama, "draft"), PROMPTS[:1])
+    assert lone and all(fine for _, _, fine in lone)
+    assert any(positions > 8 for _, positions, _ in lone)  # the prompt too
+    batch = _pass_roundings(_engine(tiny_llama, "draft"), PROMPTS)
+    assert any(replies > 1 for replies, _, _ in batch)
+    assert all(fine == (replies == 1) for replies, _, fine in batch)
+    four_bit = _pass_roundings(_engine(tiny_llama, "draft", quantization="int4"), PROMPTS[:1])
+    assert four_bit and not any(fine for _, _, fine in four_bit)
 
 
 def test_seeded_and_stopped_replies_are_the_same_with_a_draft_model(tiny_llama):

@@ -438,11 +438,11 @@ def test_one_call_decode_step_equals_the_layer_by_layer_step(tiny_model_dirs, ar
             SequenceSlice(1, len(prompts[1]) - 1, len(prompts[1]), [5, 6])]
     ids = torch.tensor([prompts[0][-1], prompts[1][-1]])
     results = {}
-    for fine_rows in (0, 2):  # fine activations (a draft model's for a float serving model) in both paths too
-        native.use_fine_activations(fine_rows)
+    for fine in (False, True):  # fine activations (a draft model's for a float serving model) in both paths too
+        native.fine_activations = fine
         for one_call in (True, False):
             native._one_call = one_call
             meta = build_metadata(engine.runner.kv_cache, step, engine.device, "torch", torch.float32)
-            results[fine_rows, one_call] = native(ids, meta, torch.tensor([0, 1]))
-        torch.testing.assert_close(results[fine_rows, True], results[fine_rows, False], rtol=1e-5, atol=1e-5)
-    assert (results[0, True] - results[2, True]).abs().amax() > 1e-3  # the two roundings differ
+            results[fine, one_call] = native(ids, meta, torch.tensor([0, 1]))
+        torch.testing.assert_close(results[fine, True], results[fine, False], rtol=1e-5, atol=1e-5)
+    assert (results[False, True] - results[True, True]).abs().amax() > 1e-3  # the two roundings differ
