@@ -34,7 +34,10 @@ REPLY_TOKENS = 192
 # few percent between runs; eleven halve how far it can stray
 ROUNDS = 11
 PEER_ROUNDS = 5  # llama-server's: the best of them
-DRAFT_ROUNDS = 3  # the unquantised model is slow on a CPU: fewer rounds of the draft-model pair
+# the unquantised model is slow on a CPU: fewer rounds of the draft-model pair; five, not three: its plain decode
+# reads 540 MB a step and moves most with this machine's pace (two runs of three rounds on the same code put the
+# summary's pair at 2.05x and 1.72x of off, its off at 32.3 and 38.0 tok/s)
+DRAFT_ROUNDS = 5
 LLAMA_DRAFT_MAX = 16  # llama-server's longest draft for the pair (its default, 3, is for larger targets)
 WARM_TOKENS = 4  # tokens of each reply before the timed rounds (more where a draft model has prompts to catch up on)
 RENAMES = (("_forget", "_drop_entry"), ("_remember", "_note_entry"), ("_parse_name", "_split_name"),
